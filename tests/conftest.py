@@ -1,0 +1,25 @@
+"""Shared fixtures: the real tiny offline model, built once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trajlab.chat.template import resolve_chat_template
+from trajlab.models import init_tiny_model, load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir: Path):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_template(tiny_tokenizer) -> str:
+    return resolve_chat_template(tiny_tokenizer)

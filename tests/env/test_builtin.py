@@ -1,0 +1,44 @@
+import asyncio
+import itertools
+
+import pytest
+
+from trajlab.chat.parsers import get_parser
+from trajlab.env import load_env
+from trajlab.inference.scripted import ScriptedGenerator
+from trajlab.rollout.engine import Episode, RolloutEngine
+
+BUILTIN = ["arithmetic", "guess"]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_splits_are_disjoint_and_seeded(name):
+    spec = load_env(name)
+    train = {t["task_id"] for t in itertools.islice(spec.iter_tasks("train", seed=0), 300)}
+    test = {t["task_id"] for t in itertools.islice(spec.iter_tasks("test", seed=1), 300)}
+    assert train and test and not train & test
+    again = [t["task_id"] for t in itertools.islice(spec.iter_tasks("train", seed=0), 20)]
+    assert again == [t["task_id"] for t in itertools.islice(spec.iter_tasks("train", seed=0), 20)]
+    other_seed = [t["task_id"] for t in itertools.islice(spec.iter_tasks("train", seed=5), 20)]
+    assert other_seed != again
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_oracle_solves_every_task_through_the_tools(name, tiny_tokenizer, tiny_template):
+    spec = load_env(name)
+    tasks = list(itertools.islice(spec.iter_tasks("test"), 40))
+    engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
+                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
+    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=8))
+    assert len(results) == len(tasks)
+    assert all(t.status == "success" for t in results), [(t.id, t.status, t.messages[-1]) for t in results]
+    assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)
+
+
+def test_arithmetic_wrong_answer_scores_nothing():
+    spec = load_env("arithmetic")
+    task = next(spec.iter_tasks("train"))
+    env = spec.make()
+    env.reset(**task)
+    assert env.submit(task["answer"] + 1) == "Wrong."
+    assert env.done and env.reward == 0.0 and env.success is False

@@ -1,0 +1,212 @@
+"""Chat templates at the token level: prefix-preservation check and observation deltas.
+
+A multi-turn rollout appends tokens; it never re-renders the history. That is only correct when the chat template
+is prefix-preserving (rendering more messages never changes how earlier ones render). Templates that rewrite
+history, such as stock Qwen3 dropping past ``<think>`` blocks, are detected here and either swapped for TRL's
+training-safe variant or refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+Message = dict[str, Any]
+
+
+class TemplateNotPrefixPreservingError(ValueError):
+    """The chat template re-renders earlier messages when new ones are appended."""
+
+
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# A conversation that exercises every transition a rollout makes: reasoning, tool calls, tool results, a second
+# user query (where history-rewriting templates strip earlier reasoning), and a final plain answer.
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a word up.",
+            "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+        },
+    }
+]
+PROBE_MESSAGES: list[Message] = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What does apple mean?"},
+    {"role": "assistant", "content": "", "reasoning_content": "I should look it up.",
+     "tool_calls": [_call("lookup", {"word": "apple"})]},
+    {"role": "tool", "name": "lookup", "content": "a fruit"},
+    {"role": "assistant", "content": "It is a fruit.", "reasoning_content": "The tool answered."},
+    {"role": "user", "content": "And pear?"},
+    {"role": "assistant", "content": "", "reasoning_content": "Again.", "tool_calls": [_call("lookup", {"word": "pear"})]},
+    {"role": "tool", "name": "lookup", "content": "another fruit"},
+    {"role": "assistant", "content": "Another fruit."},
+]
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[Message],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+    chat_template: str | None = None,
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        chat_template=chat_template,
+    )
+
+
+def find_prefix_violation(
+    tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
+) -> str | None:
+    """Render the probe conversation step by step; describe the first place history was rewritten, or None."""
+    for k in range(1, len(PROBE_MESSAGES)):
+        before_gen = PROBE_MESSAGES[k]["role"] == "assistant"
+        earlier = render(tokenizer, PROBE_MESSAGES[:k], PROBE_TOOLS, add_generation_prompt=before_gen,
+                         chat_template=chat_template)
+        later = render(tokenizer, PROBE_MESSAGES[: k + 1], PROBE_TOOLS, chat_template=chat_template)
+        if not later.startswith(earlier):
+            at = next((i for i, (x, y) in enumerate(zip(earlier, later, strict=False)) if x != y), len(later))
+            return (
+                f"appending a '{PROBE_MESSAGES[k]['role']}' message after message {k - 1} changed the rendering of "
+                f"earlier messages at character {at}: {earlier[at:at + 40]!r} became {later[at:at + 40]!r}"
+            )
+    return None
+
+
+def resolve_chat_template(
+    tokenizer: PreTrainedTokenizerBase, on_unsafe: Literal["swap", "refuse"] = "swap"
+) -> str:
+    """The chat template to roll out with: the tokenizer's own if prefix-preserving, else a training-safe variant.
+
+    Raises:
+        TemplateNotPrefixPreservingError: if the template rewrites history and no safe variant is known (or
+            ``on_unsafe="refuse"``).
+    """
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = template["default"]
+    if template is None:
+        raise ValueError(
+            f"Tokenizer {tokenizer.name_or_path!r} has no chat template; set tokenizer.chat_template or use a chat model."
+        )
+    violation = find_prefix_violation(tokenizer, template)
+    if violation is None:
+        return template
+    message = (
+        f"The chat template of {tokenizer.name_or_path!r} is not prefix-preserving: {violation}. Multi-turn "
+        "rollouts append tokens and would train on tokens that differ from what the template renders."
+    )
+    if on_unsafe == "swap":
+        from trl.chat_template_utils import get_training_chat_template
+
+        try:
+            safe = get_training_chat_template(tokenizer)
+        except (ValueError, NotImplementedError):
+            safe = None
+        if safe is not None and find_prefix_violation(tokenizer, safe) is None:
+            logger.warning("%s Using TRL's prefix-preserving training variant of this template instead.", message)
+            return safe
+    raise TemplateNotPrefixPreservingError(
+        f"{message} Fix: pass a prefix-preserving chat template (TRL ships training variants under "
+        "trl/chat_templates/*_training.jinja), or a model whose template does not rewrite past turns."
+    )
+
+
+class ChatTemplate:
+    """Token-level view of one episode's chat: prompt tokens and the tokens each new observation adds.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        tools: tool schemas rendered into the prompt.
+        chat_template: a template that passed :func:`resolve_chat_template`.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], chat_template: str
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.chat_template = chat_template
+
+    def render(self, messages: list[Message], *, add_generation_prompt: bool = False) -> str:
+        return render(self.tokenizer, messages, self.tools, add_generation_prompt=add_generation_prompt,
+                      chat_template=self.chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        # Special tokens come from the rendered text itself (e.g. a template's own <|begin_of_text|>), so the
+        # tokenizer must not add any of its own.
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def observation_ids(
+        self, history: list[Message], new_messages: list[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Tokens that follow the model's last turn (which ended on an end-of-turn token) when messages are appended.
+
+        ``history`` ends with the assistant message of that turn. The delta is taken on rendered text, so it never
+        depends on how the assistant's own tokens would be re-tokenized; it starts with whatever the template
+        writes after the end-of-turn token inside the assistant turn (e.g. ChatML's newline after ``<|im_end|>``).
+        """
+        base = self.render(history)
+        full = self.render(history + new_messages, add_generation_prompt=add_generation_prompt)
+        if not full.startswith(base):
+            raise TemplateNotPrefixPreservingError(
+                "The chat template rewrote earlier messages during the episode; refusing to append tokens that "
+                "would not match the rendered conversation."
+            )
+        return self.encode(self._closer(history) + full[len(base):])
+
+    def closing_ids(self, history: list[Message]) -> list[int]:
+        """Tokens the template writes after the model's end-of-turn token when the episode ends on that turn."""
+        return self.encode(self._closer(history))
+
+    def _closer(self, history: list[Message]) -> str:
+        return self._split_assistant_block(history[:-1], history[-1])[1]
+
+    def assistant_text(self, history: list[Message], message: Message) -> str:
+        """The template's own rendering of an assistant turn, up to and including its end-of-turn token.
+
+        Scripted policies emit exactly this, so their trajectories are what the template renders.
+        """
+        return self._split_assistant_block(history, message)[0]
+
+    def _split_assistant_block(self, history: list[Message], message: Message) -> tuple[str, str]:
+        """Split the rendered assistant turn into what the model generates and what the template adds after it."""
+        before = self.render(history, add_generation_prompt=True)
+        block = self.render(history + [message])[len(before):]
+        ends = [block.rfind(text) + len(text) for text in end_of_turn_texts(self.tokenizer) if text in block]
+        cut = max(ends) if ends else len(block)
+        return block[:cut], block[cut:]
+
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                      "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>")
+
+
+def end_of_turn_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """Token texts that end a model turn: the eos token plus known end-of-turn markers in this vocabulary."""
+    vocab = tokenizer.get_vocab()
+    texts = [text for text in END_OF_TURN_TOKENS if text in vocab]
+    if tokenizer.eos_token and tokenizer.eos_token not in texts:
+        texts.append(tokenizer.eos_token)
+    return texts
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    return sorted({tokenizer.convert_tokens_to_ids(text) for text in end_of_turn_texts(tokenizer)})

@@ -1,0 +1,153 @@
+"""The collect recipe: roll out a policy on an env's tasks and append the trajectories to a store.
+
+Episode ids are derived from the command (env, split, seed, task, sample), so running the same command again after
+a crash runs only the episodes that are missing and ends with exactly the requested number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trajlab.chat.parsers import get_parser
+from trajlab.chat.template import resolve_chat_template
+from trajlab.data.store import TrajectoryStore, read_trajectories
+from trajlab.env.registry import EnvSpec, read_tasks_file
+from trajlab.inference.base import Generator, SamplingParams
+from trajlab.inference.hf import HFGenerator
+from trajlab.inference.scripted import ScriptedGenerator
+from trajlab.models import init_tiny_model, load_model, load_tokenizer
+from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.types import Trajectory
+
+
+@dataclass
+class CollectConfig:
+    env: EnvSpec
+    policy: str  # "oracle" or a model directory
+    episodes: int
+    out: Path
+    split: str = "train"
+    seed: int = 0
+    samples_per_task: int = 1
+    tasks_file: Path | None = None
+    tokenizer: str | None = None  # for the oracle: whose tokens the demonstrations are written in
+    parser: str = "auto"
+    concurrency: int = 8
+    sampling: SamplingParams = SamplingParams()
+    limits: RolloutLimits = RolloutLimits()
+    system_prompt: str | None = None
+
+
+def default_model_dir() -> Path:
+    """Where the tiny offline default model lives; built on first use."""
+    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
+
+
+def ensure_default_model() -> Path:
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        init_tiny_model(path, overwrite=True)
+    return path
+
+
+def plan_episodes(config: CollectConfig) -> list[Episode]:
+    """The exact episodes a collect command stands for, in order."""
+    if config.tasks_file is not None:
+        rows = read_tasks_file(config.tasks_file)
+        tasks = [{"task_id": str(row.get("task_id", f"line{i + 1}")), **row} for i, row in enumerate(rows)]
+    else:
+        needed = -(-config.episodes // config.samples_per_task)
+        tasks = list(itertools.islice(config.env.iter_tasks(config.split, config.seed), needed))
+    if not tasks:
+        raise ValueError(f"Environment '{config.env.name}' has no tasks in split '{config.split}'.")
+    episodes = []
+    for index in range(config.episodes):
+        # Each task gets samples_per_task consecutive episodes; a short task list is cycled with new sample numbers.
+        task_index, sample = divmod(index, config.samples_per_task)
+        cycle, task_index = divmod(task_index, len(tasks))
+        task = tasks[task_index]
+        sample += cycle * config.samples_per_task
+        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task['task_id']}:{sample}"
+        episodes.append(Episode(id=episode_id, task=task, split=config.split))
+    return episodes
+
+
+def build_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
+    """The generator, its tokenizer and its (prefix-preserving) chat template for a ``--policy`` value."""
+    if config.policy == "oracle":
+        if config.env.oracle is None:
+            raise ValueError(f"Environment '{config.env.name}' has no reference policy; pass a model directory.")
+        tokenizer = load_tokenizer(config.tokenizer or ensure_default_model())
+        template = resolve_chat_template(tokenizer)
+        return ScriptedGenerator(config.env.oracle, tokenizer, template, name="oracle"), tokenizer, template
+    tokenizer = load_tokenizer(config.policy)
+    template = resolve_chat_template(tokenizer)
+    model = load_model(config.policy)
+    return HFGenerator(model, tokenizer, name=str(config.policy)), tokenizer, template
+
+
+def collect(
+    config: CollectConfig, *, on_progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
+    """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
+    episodes = plan_episodes(config)
+    generator, tokenizer, template = build_policy(config)
+    engine = RolloutEngine(
+        config.env,
+        generator,
+        tokenizer,
+        chat_template=template,
+        parser=get_parser(config.parser, tokenizer),
+        sampling=config.sampling,
+        limits=config.limits,
+        system_prompt=config.system_prompt,
+    )
+    with TrajectoryStore(config.out) as store:
+        todo = [episode for episode in episodes if episode.id not in store.ids]
+        done = len(episodes) - len(todo)
+        if on_progress:
+            on_progress(done, len(episodes))
+
+        def save(trajectory: Trajectory) -> None:
+            nonlocal done
+            store.append(trajectory)
+            done += 1
+            if on_progress:
+                on_progress(done, len(episodes))
+
+        started = time.perf_counter()
+        new = asyncio.run(engine.run(todo, concurrency=config.concurrency, on_result=save))
+        elapsed = time.perf_counter() - started
+    wanted = {episode.id for episode in episodes}
+    trajectories = [t for t in read_trajectories(config.out) if t.id in wanted]
+    summary = summarize(trajectories)
+    summary["resumed_from"] = len(episodes) - len(todo)
+    summary["tokens_per_s"] = sum(t.metrics.get("model_tokens", 0.0) for t in new) / elapsed if new else 0.0
+    return summary
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
+    """Episode counts and rates: success, mean turns, tool-error and parse-error rates (per tool call / turn)."""
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+    total = {key: sum(t.metrics.get(key, 0.0) for t in trajectories)
+             for key in ("turns", "tool_calls", "tool_errors", "parse_errors")}
+    statuses = {status: sum(t.status == status for t in trajectories)
+                for status in ("success", "failure", "truncated", "error")}
+    return {
+        "episodes": n,
+        "success_rate": statuses["success"] / n,
+        "mean_reward": sum(t.reward for t in trajectories) / n,
+        "mean_turns": total["turns"] / n,
+        "tool_error_rate": total["tool_errors"] / total["tool_calls"] if total["tool_calls"] else 0.0,
+        "parse_error_rate": total["parse_errors"] / total["turns"] if total["turns"] else 0.0,
+        "statuses": statuses,
+    }

@@ -1,0 +1,101 @@
+"""Append-only trajectory store: one JSON object per line, fsynced as each episode finishes.
+
+A crash (even ``kill -9``) can only cut the line being written; opening the store again drops that partial tail,
+so earlier lines are never lost and a resumed run skips every episode id already on disk. One writer per file is
+enforced with an advisory lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+from pydantic import ValidationError
+
+from trajlab.rollout.types import Trajectory
+
+
+class StoreError(ValueError):
+    """A trajectory file has a bad line (not a torn tail): says which line and why."""
+
+
+def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
+    """Every complete line of a trajectory file, validated (token invariant included).
+
+    A final line without a newline is the torn tail of an interrupted write and is skipped.
+
+    Raises:
+        StoreError: a complete line that is not a valid trajectory, naming the file and line number.
+    """
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                return
+            yield _parse_line(raw, path, number)
+
+
+def _parse_line(raw: bytes, path: str | Path, number: int) -> Trajectory:
+    try:
+        return Trajectory.model_validate_json(raw)
+    except ValidationError as exc:
+        raise StoreError(f"{path}:{number}: not a valid trajectory: {exc}") from exc
+
+
+class TrajectoryStore:
+    """Appends trajectories to a JSONL file; use as a context manager.
+
+    Opening repairs a torn last line left by a crash, and ``ids`` holds every episode id already stored, so a
+    resumed collection can skip them.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.ids: set[str] = set()
+        self._fd: int | None = None
+
+    def __enter__(self) -> TrajectoryStore:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise StoreError(f"{self.path} is being written by another process; wait for it or use another --out.")
+        self._repair_and_index()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+    def _repair_and_index(self) -> None:
+        complete = 0
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.endswith(b"\n"):
+                    break
+                self.ids.add(_parse_line(raw, self.path, number).id)
+                complete += len(raw)
+        if complete < os.path.getsize(self.path):
+            os.truncate(self.path, complete)
+
+    def append(self, trajectory: Trajectory) -> None:
+        """Write one trajectory as one line, durably, before returning."""
+        if self._fd is None:
+            raise RuntimeError("TrajectoryStore is not open; use it as a context manager")
+        if trajectory.id in self.ids:
+            raise StoreError(f"episode {trajectory.id!r} is already in {self.path}")
+        line = (json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False) + "\n").encode()
+        written = os.write(self._fd, line)
+        if written != len(line):
+            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
+        os.fsync(self._fd)
+        self.ids.add(trajectory.id)

@@ -1,0 +1,79 @@
+"""Number guessing with higher/lower feedback: the classic multi-turn toy task."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from trajlab.env.base import Environment, tool_call_message
+from trajlab.env.builtin._split import split_of
+from trajlab.env.registry import EnvSpec
+
+HIGHS = (16, 32, 64, 100)
+
+
+class GuessNumber(Environment):
+    """Find a secret integer in a range with as few guesses as possible."""
+
+    def reset(self, **task: Any) -> str:
+        super().reset()
+        self.secret, self.low, self.high = int(task["secret"]), int(task["low"]), int(task["high"])
+        self.max_guesses = int(task["max_guesses"])
+        self.metrics = {"guesses": 0}
+        return (
+            f"I picked an integer between {self.low} and {self.high}. "
+            f"Find it with the guess tool in at most {self.max_guesses} guesses."
+        )
+
+    def guess(self, n: int) -> str:
+        """Guess the secret number.
+
+        Args:
+            n: the number to try
+        """
+        self.metrics["guesses"] += 1
+        if n == self.secret:
+            self.done, self.success = True, True
+            # Fewer guesses, more reward: 1.0 for a first-try hit, down to 0.5 at the limit.
+            self.reward = 1.0 - 0.5 * (self.metrics["guesses"] - 1) / max(1, self.max_guesses - 1)
+            return "Correct!"
+        if self.metrics["guesses"] >= self.max_guesses:
+            self.done, self.success, self.reward = True, False, 0.0
+            return f"Wrong, and that was the last guess. The number was {self.secret}."
+        return "Higher." if n < self.secret else "Lower."
+
+
+def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Tasks of one split; a (range, secret) pair belongs to one split only, whatever the seed."""
+    rng = random.Random(seed)
+    seen: set[tuple[int, int]] = set()
+    total = sum(HIGHS)
+    while len(seen) < total:
+        high = rng.choice(HIGHS)
+        secret = rng.randint(1, high)
+        if (high, secret) in seen:
+            continue
+        seen.add((high, secret))
+        if split_of(f"guess-{high}-{secret}") == split:
+            max_guesses = high.bit_length() + 1
+            yield {"task_id": f"guess-{high}-{secret}", "low": 1, "high": high, "secret": secret,
+                   "max_guesses": max_guesses}
+
+
+def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reference policy: binary search over the feedback read back from the conversation."""
+    low, high = int(task["low"]), int(task["high"])
+    guesses = [m["tool_calls"][0]["function"]["arguments"]["n"] for m in messages if m.get("tool_calls")]
+    feedback = [m["content"] for m in messages if m["role"] == "tool"]
+    for n, answer in zip(guesses, feedback, strict=False):
+        if answer.startswith("Higher"):
+            low = n + 1
+        elif answer.startswith("Lower"):
+            high = n - 1
+    return tool_call_message("guess", {"n": (low + high) // 2})
+
+
+SYSTEM_PROMPT = "You play a guessing game. Use the guess tool; read each hint and narrow the range."
+
+SPEC = EnvSpec(name="guess", env_cls=GuessNumber, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)

@@ -1,0 +1,125 @@
+"""Environments by name, loaded lazily from ``module:attr`` entry points (Gymnasium's registry pattern).
+
+An env is described by an :class:`EnvSpec`: the env class plus what trajlab needs around it (a task generator with
+a train/test split, an optional scripted reference policy, a default system prompt). Those live outside the env
+class on purpose: every public method of the class is a tool.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trajlab.env.base import tool_names, tool_schemas
+
+TaskGenerator = Callable[[str, int], Iterable[dict[str, Any]]]
+"""``tasks(split, seed)``: the tasks of a split, in a fixed order for a given seed."""
+
+Oracle = Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]]
+"""``oracle(task, messages)``: the next assistant message (content and/or tool_calls) of a scripted policy."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """An environment and what trajlab needs to run it."""
+
+    name: str
+    env_cls: type
+    tasks: TaskGenerator | None = None
+    oracle: Oracle | None = None
+    system_prompt: str | None = None
+    splits: tuple[str, ...] = ("train", "test")
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        doc = (self.env_cls.__doc__ or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return tool_schemas(self.env_cls)
+
+    def make(self) -> Any:
+        """A fresh env instance: one per episode, never shared."""
+        return self.env_cls()
+
+    def iter_tasks(self, split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+        if self.tasks is None:
+            raise ValueError(
+                f"Environment '{self.name}' has no task generator; pass tasks from a file (--tasks FILE.jsonl)."
+            )
+        if split not in self.splits:
+            raise ValueError(f"Environment '{self.name}' has splits {list(self.splits)}, not '{split}'.")
+        yield from self.tasks(split, seed)
+
+
+_REGISTRY: dict[str, str] = {
+    "arithmetic": "trajlab.env.builtin.arithmetic:SPEC",
+    "guess": "trajlab.env.builtin.guess:SPEC",
+}
+
+
+def register(name: str, entry_point: str) -> None:
+    """Register an env under ``name``; ``entry_point`` is ``module:attr`` naming an EnvSpec or an env class."""
+    _REGISTRY[name] = entry_point
+
+
+def registered_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def load_env(name_or_path: str) -> EnvSpec:
+    """Resolve a registered name or an import path ``my_pkg.envs:MyEnv`` (an EnvSpec or an env class).
+
+    Raises:
+        ValueError: for an unknown name (listing the registered ones and the closest match) or a bad import path.
+    """
+    if name_or_path in _REGISTRY:
+        return _load_entry_point(_REGISTRY[name_or_path], name_or_path)
+    if ":" in name_or_path:
+        return _load_entry_point(name_or_path, name_or_path)
+    close = difflib.get_close_matches(name_or_path, _REGISTRY, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ValueError(
+        f"Unknown environment '{name_or_path}'.{hint} Registered: {', '.join(registered_names())}. "
+        "A custom env is given as an import path, e.g. 'my_pkg.envs:MyEnv'."
+    )
+
+
+def _load_entry_point(entry_point: str, name: str) -> EnvSpec:
+    module_name, _, attr = entry_point.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"Cannot load environment '{entry_point}': {exc}") from exc
+    if isinstance(target, EnvSpec):
+        return target
+    if isinstance(target, type):
+        if not callable(getattr(target, "reset", None)):
+            raise ValueError(f"'{entry_point}' is not an environment: it has no reset() method.")
+        if not tool_names(target):
+            raise ValueError(f"'{entry_point}' has no tools: give it at least one public method with type hints.")
+        return EnvSpec(name=name, env_cls=target)
+    raise ValueError(f"'{entry_point}' is neither an EnvSpec nor an environment class (got {type(target).__name__}).")
+
+
+def read_tasks_file(path: str | Path) -> list[dict[str, Any]]:
+    """Tasks from a JSONL file, one JSON object (the kwargs of ``reset``) per line."""
+    tasks = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            task = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg}).") from exc
+        if not isinstance(task, dict):
+            raise ValueError(f"{path}:{number}: a task must be a JSON object, got {type(task).__name__}.")
+        tasks.append(task)
+    return tasks

@@ -1,0 +1,56 @@
+"""The Generator protocol: token ids in, token ids and logprobs out.
+
+Every backend (transformers, an OpenAI-compatible server, vLLM, a scripted policy) implements this one method, so
+the rollout engine never knows which one it drives. Requests also carry the conversation as messages, for
+backends that act on messages rather than tokens (scripted policies, text-only servers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one assistant turn."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    task: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationResult:
+    """The generated tokens, ending with the stop token when ``finish_reason == "stop"``.
+
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was sampled from
+    (logits / temperature, before top-k/top-p filtering), or None when the backend cannot know it.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float | None]
+    finish_reason: Literal["stop", "length"]
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"{len(self.token_ids)} tokens but {len(self.logprobs)} logprobs")
+
+
+class Generator(Protocol):
+    """A policy that continues a token prompt."""
+
+    name: str
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...

@@ -1,0 +1,286 @@
+"""The multi-turn rollout engine: generate until a tool call, execute it, append the result, resume.
+
+Token in, token out: the model's tokens are appended exactly as the generator returned them (loss mask 1, with
+their logprobs); everything else (tool results, error notes, the next generation prompt) is appended as the chat
+template's delta (loss mask 0). Nothing is re-tokenized, so a trajectory trains on what the model produced.
+
+Many episodes run at once on one event loop: while one waits on a tool, others generate, and a batching generator
+serves their turns together. Every failure is stored in the trajectory record; one bad episode never stops a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from trajlab.chat.parsers import ParsedResponse, ToolCallParser
+from trajlab.chat.template import ChatTemplate, stop_token_ids
+from trajlab.env.registry import EnvSpec
+from trajlab.inference.base import GenerationRequest, Generator, SamplingParams
+from trajlab.rollout.tools import execute_tool
+from trajlab.rollout.types import Status, TokenRecord, Trajectory
+
+
+EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """Limits applied the same way to every env, and recorded with each trajectory as its stop reason."""
+
+    max_turns: int = 8
+    max_episode_tokens: int = 2048
+    tool_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A unit of rollout work: serialisable in (id + task), a Trajectory out."""
+
+    id: str
+    task: dict[str, Any]
+    split: str | None = None
+
+
+class RolloutEngine:
+    """Runs episodes of one environment with one generator.
+
+    Args:
+        env: the environment spec (a fresh env instance is made per episode).
+        generator: the policy backend.
+        tokenizer: the policy's tokenizer.
+        chat_template: a prefix-preserving template (see ``trajlab.chat.template.resolve_chat_template``).
+        parser: turns model text into tool calls.
+        sampling: sampling settings for every turn (stop tokens default to the template's end-of-turn tokens).
+        limits: turn, token and tool-time limits.
+        system_prompt: overrides the env's default system prompt; "" means none.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        generator: Generator,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        chat_template: str,
+        parser: ToolCallParser,
+        sampling: SamplingParams | None = None,
+        limits: RolloutLimits | None = None,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.env = env
+        self.generator = generator
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.limits = limits or RolloutLimits()
+        sampling = sampling or SamplingParams()
+        if not sampling.stop_token_ids:
+            sampling = replace(sampling, stop_token_ids=tuple(stop_token_ids(tokenizer)))
+        self.sampling = sampling
+        self.system_prompt = env.system_prompt if system_prompt is None else system_prompt
+        self.tools = env.tools
+        self.schemas = {schema["function"]["name"]: schema for schema in self.tools}
+        self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
+        self._tool_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trajlab-tool")
+
+    async def run(
+        self,
+        episodes: Iterable[Episode],
+        *,
+        concurrency: int = 8,
+        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
+    ) -> list[Trajectory]:
+        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes."""
+        gate = asyncio.Semaphore(concurrency)
+        results: list[Trajectory] = []
+
+        async def one(episode: Episode) -> None:
+            async with gate:
+                trajectory = await self.run_episode(episode)
+            results.append(trajectory)
+            if on_result is not None:
+                maybe = on_result(trajectory)
+                if maybe is not None:
+                    await maybe
+
+        await asyncio.gather(*(one(episode) for episode in episodes))
+        return results
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        """Run one episode to its end; errors are recorded in the trajectory, never raised."""
+        started = time.perf_counter()
+        state = _EpisodeState(episode=episode, messages=[])
+        try:
+            await self._play(state)
+        except Exception as exc:
+            state.status, state.stop_reason = "error", "exception"
+            state.error = f"{type(exc).__name__}: {exc}"
+        state.counters["wall_s"] = time.perf_counter() - started
+        return self._record(state)
+
+    async def _play(self, state: _EpisodeState) -> None:
+        env = state.env_instance = self.env.make()
+        observation = await asyncio.get_running_loop().run_in_executor(
+            self._tool_pool, lambda: env.reset(**state.episode.task)
+        )
+        first_user = observation if observation is not None else state.episode.task.get("prompt")
+        if first_user is None:
+            raise ValueError("reset() returned no observation and the task has no 'prompt' field")
+        if self.system_prompt:
+            state.messages.append({"role": "system", "content": self.system_prompt})
+        state.messages.append({"role": "user", "content": str(first_user)})
+        state.tokens = TokenRecord(prompt_ids=self.chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
+                                   logprobs=[])
+
+        for turn in range(self.limits.max_turns):
+            budget = self.limits.max_episode_tokens - len(state.tokens.prompt_ids) - len(state.tokens.completion_ids)
+            if budget <= 0:
+                state.stop_reason = "max_episode_tokens"
+                return
+            params = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
+            request = GenerationRequest(
+                prompt_ids=state.tokens.prompt_ids + state.tokens.completion_ids,
+                params=params,
+                messages=[dict(m) for m in state.messages],
+                tools=self.tools,
+                task=state.episode.task,
+            )
+            result = await self.generator.generate(request)
+            state.tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
+            state.counters["turns"] += 1
+            state.counters["model_tokens"] += len(result.token_ids)
+
+            text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
+            if result.finish_reason == "length":
+                # The turn was cut mid-way: keep its text, but do not act on a half-written call.
+                state.messages.append({"role": "assistant", "content": text})
+                state.stop_reason = "max_new_tokens" if params.max_new_tokens < budget else "max_episode_tokens"
+                return
+            prefix = self.tokenizer.decode(request.prompt_ids[-64:], skip_special_tokens=False)
+            parsed = self.parser.parse(text, prefix=prefix)
+            if parsed.errors:
+                # A turn with a malformed call executes none of its calls, and the record keeps what the model
+                # wrote (minus the stop token) so the messages still match the tokens.
+                raw = self.tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
+                parsed = ParsedResponse(content=raw, errors=parsed.errors)
+            state.messages.append(_assistant_message(parsed, turn))
+            if not parsed.tool_calls and not parsed.errors:
+                state.tokens.extend(self.chat.closing_ids(state.messages), trained=False)
+                state.stop_reason = "no_tool_call"
+                return
+
+            new_messages = await self._observe(state, env, parsed, turn)
+            ending = bool(env.done) or turn == self.limits.max_turns - 1
+            obs_ids = self.chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
+            state.messages.extend(new_messages)
+            state.tokens.extend(obs_ids, trained=False)
+            if env.done:
+                state.stop_reason = "env_done"
+                return
+        state.stop_reason = "max_turns"
+
+    async def _observe(
+        self, state: _EpisodeState, env: Any, parsed: ParsedResponse, turn: int
+    ) -> list[dict[str, Any]]:
+        """Execute the turn's tool calls in order and build the observation messages."""
+        new_messages = []
+        for index, call in enumerate(parsed.tool_calls):
+            state.counters["tool_calls"] += 1
+            if env.done:
+                content, error = "Error: the episode is over; this call was not executed.", "episode_over"
+            else:
+                outcome = await execute_tool(env, call.name, call.arguments, self.schemas,
+                                             timeout_s=self.limits.tool_timeout_s, executor=self._tool_pool)
+                content, error = outcome.content, outcome.error
+            if error is not None:
+                state.counters["tool_errors"] += 1
+                state.counters[f"tool_errors/{error}"] += 1
+            new_messages.append(
+                {"role": "tool", "tool_call_id": _call_id(turn, index), "name": call.name, "content": content}
+            )
+        if parsed.errors:
+            state.counters["parse_errors"] += len(parsed.errors)
+            note = "\n".join(parsed.errors)
+            new_messages.append(
+                {"role": "user", "content": f"Your tool call could not be parsed, so nothing was executed.\n{note}"}
+            )
+        return new_messages
+
+    def _record(self, state: _EpisodeState) -> Trajectory:
+        env = state.env_instance
+        reward = float(getattr(env, "reward", 0.0) or 0.0) if env is not None else 0.0
+        status: Status
+        if state.status == "error":
+            status = "error"
+        elif env is not None and _succeeded(env, reward):
+            status = "success"
+        elif state.stop_reason in ("max_turns", "max_episode_tokens", "max_new_tokens"):
+            status = "truncated"
+        else:
+            status = "failure"
+        metrics = {name: float(value) for name, value in state.counters.items()}
+        if env is not None:
+            for name, value in (getattr(env, "metrics", None) or {}).items():
+                if isinstance(value, int | float):
+                    metrics[f"env/{name}"] = float(value)
+        turn_rewards = getattr(env, "turn_rewards", None) if env is not None else None
+        return Trajectory(
+            id=state.episode.id,
+            env=self.env.name,
+            task=state.episode.task,
+            messages=state.messages,
+            tools=self.tools,
+            reward=reward,
+            status=status,
+            metrics=metrics,
+            tokens=state.tokens,
+            turn_rewards=list(turn_rewards) if turn_rewards is not None else None,
+            stop_reason=state.stop_reason,
+            error=state.error,
+            policy=self.generator.name,
+            split=state.episode.split,
+        )
+
+
+@dataclass
+class _EpisodeState:
+    episode: Episode
+    messages: list[dict[str, Any]]
+    tokens: TokenRecord | None = None
+    env_instance: Any = None
+    status: Status | None = None
+    stop_reason: str = ""
+    error: str | None = None
+
+    counters: defaultdict[str, float] = field(
+        default_factory=lambda: defaultdict(float, dict.fromkeys(EPISODE_COUNTERS, 0.0))
+    )
+
+
+def _succeeded(env: Any, reward: float) -> bool:
+    verdict = getattr(env, "success", None)
+    return bool(verdict) if verdict is not None else reward >= 1.0
+
+
+def _call_id(turn: int, index: int) -> str:
+    return f"call_{turn}_{index}"
+
+
+def _assistant_message(parsed: ParsedResponse, turn: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": _call_id(turn, i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(parsed.tool_calls)
+        ]
+    return message
+

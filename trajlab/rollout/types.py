@@ -1,0 +1,73 @@
+"""Trajectory records: plain, serialisable data (one JSON object per line in a trajectory file).
+
+The token record is the training data; ``messages`` is the same episode as a readable OpenAI-style chat. The token
+invariant ``len(completion_ids) == len(loss_mask) == len(logprobs)`` is checked whenever a record is built or read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Status = Literal["success", "failure", "truncated", "error"]
+
+
+class TokenRecord(BaseModel):
+    """Exact tokens of an episode.
+
+    ``prompt_ids`` is the first prompt (system + first user turn + generation prompt). ``completion_ids`` holds
+    everything after it in order: model tokens (``loss_mask`` 1, ``logprobs`` as sampled) and observation tokens
+    (tool results, next prompts; ``loss_mask`` 0, ``logprobs`` None). Logprobs of model tokens are None when the
+    policy could not report them (a scripted policy, a text-only server).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float | None]
+
+    @model_validator(mode="after")
+    def _check_invariant(self) -> TokenRecord:
+        n = len(self.completion_ids)
+        if not (n == len(self.loss_mask) == len(self.logprobs)):
+            raise ValueError(
+                f"token invariant broken: {n} completion ids, {len(self.loss_mask)} loss-mask entries, "
+                f"{len(self.logprobs)} logprobs"
+            )
+        if any(bit not in (0, 1) for bit in self.loss_mask):
+            raise ValueError("loss_mask entries must be 0 or 1")
+        return self
+
+    def extend(self, ids: list[int], *, trained: bool, logprobs: list[float | None] | None = None) -> None:
+        """Append model tokens (``trained=True``) or observation tokens, keeping the three lists aligned."""
+        if logprobs is None:
+            logprobs = [None] * len(ids)
+        if len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs")
+        self.completion_ids.extend(ids)
+        self.loss_mask.extend([int(trained)] * len(ids))
+        self.logprobs.extend(logprobs)
+
+
+class Trajectory(BaseModel):
+    """One episode: the task, the conversation, the tokens, the outcome."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    env: str
+    task: dict[str, Any]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    reward: float
+    status: Status
+    metrics: dict[str, float] = Field(default_factory=dict)
+    tokens: TokenRecord | None = None
+    turn_rewards: list[float] | None = None
+    stop_reason: str = ""
+    error: str | None = None
+    policy: str = ""
+    split: str | None = None
