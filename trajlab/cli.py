@@ -61,7 +61,8 @@ def model_init(
     except (FileExistsError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     params = sum(p.numel() for p in load_model(path).parameters())
-    console.print(f"Wrote tiny model ({params / 1e6:.2f}M parameters) to {path} in {time.perf_counter() - started:.1f}s")
+    elapsed = time.perf_counter() - started
+    console.print(f"Wrote tiny model ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
 
 
 @app.command()

@@ -113,7 +113,8 @@ def test_errors_become_observations_and_the_episode_goes_on(tiny_tokenizer, tiny
     assert "kaboom" in observations[0]
     assert "did not finish within 0.2 seconds" in observations[1]
     assert "argument 'a'" in observations[2] and "unknown argument 'c'" in observations[2]
-    assert "missing required argument 'b'" in observations[2] and "Expected add(a: integer, b: integer)" in observations[2]
+    assert "missing required argument 'b'" in observations[2]
+    assert "Expected add(a: integer, b: integer)" in observations[2]
     assert "unknown tool 'nope'" in observations[3] and "add, boom, finish, slow" in observations[3]
     assert "could not be parsed" in observations[4]
     assert observations[5] == "5"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal
 
+from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
@@ -26,8 +27,8 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-# A conversation that exercises every transition a rollout makes: reasoning, tool calls, tool results, a second
-# user query (where history-rewriting templates strip earlier reasoning), and a final plain answer.
+# A conversation that exercises every transition a rollout makes: reasoning, one and two tool calls in a turn,
+# tool results, a second user query (where history-rewriting templates strip earlier reasoning), a plain answer.
 PROBE_TOOLS = [
     {
         "type": "function",
@@ -45,10 +46,19 @@ PROBE_MESSAGES: list[Message] = [
      "tool_calls": [_call("lookup", {"word": "apple"})]},
     {"role": "tool", "name": "lookup", "content": "a fruit"},
     {"role": "assistant", "content": "It is a fruit.", "reasoning_content": "The tool answered."},
-    {"role": "user", "content": "And pear?"},
-    {"role": "assistant", "content": "", "reasoning_content": "Again.", "tool_calls": [_call("lookup", {"word": "pear"})]},
+    {"role": "user", "content": "And pear and plum?"},
+    {"role": "assistant", "content": "", "reasoning_content": "Two lookups.",
+     "tool_calls": [_call("lookup", {"word": "pear"}), _call("lookup", {"word": "plum"})]},
     {"role": "tool", "name": "lookup", "content": "another fruit"},
-    {"role": "assistant", "content": "Another fruit."},
+    {"role": "tool", "name": "lookup", "content": "a stone fruit"},
+    {"role": "assistant", "content": "Both are fruits."},
+]
+PROBE_SINGLE_CALLS: list[Message] = [
+    *PROBE_MESSAGES[:6],
+    {"role": "assistant", "content": "", "reasoning_content": "One lookup.",
+     "tool_calls": [_call("lookup", {"word": "pear"})]},
+    PROBE_MESSAGES[7],
+    PROBE_MESSAGES[9],
 ]
 
 
@@ -72,17 +82,37 @@ def render(
 def find_prefix_violation(
     tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
 ) -> str | None:
-    """Render the probe conversation step by step; describe the first place history was rewritten, or None."""
-    for k in range(1, len(PROBE_MESSAGES)):
-        before_gen = PROBE_MESSAGES[k]["role"] == "assistant"
-        earlier = render(tokenizer, PROBE_MESSAGES[:k], PROBE_TOOLS, add_generation_prompt=before_gen,
+    """Replay the probe conversation the way a rollout grows it; describe the first rewrite of history, or None.
+
+    A rollout makes two kinds of step: the model's turn after a generation prompt, and a batch of observations
+    (tool results, a user turn) after the model's turn. Each must leave the text rendered so far untouched.
+    """
+    try:
+        return _replay_probe(tokenizer, PROBE_MESSAGES, chat_template)
+    except TemplateError:
+        # Some templates (Llama 3.1) refuse several calls in one turn; probe them with one call per turn.
+        return _replay_probe(tokenizer, PROBE_SINGLE_CALLS, chat_template)
+
+
+def _replay_probe(
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], chat_template: str | None
+) -> str | None:
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    steps = [(assistants[0], assistants[0] + 1, False)]  # (messages known, messages after the step, prompt after)
+    for previous, current in zip(assistants, assistants[1:], strict=False):
+        steps.append((previous + 1, current, True))  # observations, then the next generation prompt
+        steps.append((current, current + 1, False))  # the model's turn
+    for known, grown, with_prompt in steps:
+        earlier = render(tokenizer, messages[:known], PROBE_TOOLS, add_generation_prompt=not with_prompt,
                          chat_template=chat_template)
-        later = render(tokenizer, PROBE_MESSAGES[: k + 1], PROBE_TOOLS, chat_template=chat_template)
+        later = render(tokenizer, messages[:grown], PROBE_TOOLS, add_generation_prompt=with_prompt,
+                       chat_template=chat_template)
         if not later.startswith(earlier):
-            at = next((i for i, (x, y) in enumerate(zip(earlier, later, strict=False)) if x != y), len(later))
+            at = next((i for i, (x, y) in enumerate(zip(earlier, later, strict=False)) if x != y), len(earlier))
+            added = ", ".join(m["role"] for m in messages[known:grown])
             return (
-                f"appending a '{PROBE_MESSAGES[k]['role']}' message after message {k - 1} changed the rendering of "
-                f"earlier messages at character {at}: {earlier[at:at + 40]!r} became {later[at:at + 40]!r}"
+                f"appending [{added}] after message {known - 1} changed the rendering of earlier messages at "
+                f"character {at}: {earlier[at:at + 40]!r} became {later[at:at + 40]!r}"
             )
     return None
 
@@ -101,7 +131,8 @@ def resolve_chat_template(
         template = template["default"]
     if template is None:
         raise ValueError(
-            f"Tokenizer {tokenizer.name_or_path!r} has no chat template; set tokenizer.chat_template or use a chat model."
+            f"Tokenizer {tokenizer.name_or_path!r} has no chat template; set tokenizer.chat_template or use a chat "
+            "model."
         )
     violation = find_prefix_violation(tokenizer, template)
     if violation is None:

@@ -62,10 +62,12 @@ class TrajectoryStore:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             os.close(self._fd)
             self._fd = None
-            raise StoreError(f"{self.path} is being written by another process; wait for it or use another --out.")
+            raise StoreError(
+                f"{self.path} is being written by another process; wait for it or use another --out."
+            ) from exc
         self._repair_and_index()
         return self
 

@@ -27,7 +27,6 @@ from trajlab.inference.base import GenerationRequest, Generator, SamplingParams
 from trajlab.rollout.tools import execute_tool
 from trajlab.rollout.types import Status, TokenRecord, Trajectory
 
-
 EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
 
 

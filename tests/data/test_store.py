@@ -1,0 +1,87 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trajlab.data.store import StoreError, TrajectoryStore, read_trajectories
+from trajlab.rollout.types import TokenRecord, Trajectory
+
+
+def make(i: int) -> Trajectory:
+    return Trajectory(id=f"ep{i}", env="toy", task={"i": i}, messages=[{"role": "user", "content": "hi"}], tools=[],
+                      reward=1.0, status="success",
+                      tokens=TokenRecord(prompt_ids=[1, 2], completion_ids=[3, 4], loss_mask=[1, 0],
+                                         logprobs=[-0.5, None]))
+
+
+def test_append_and_read_back(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        for i in range(3):
+            store.append(make(i))
+    assert [t.id for t in read_trajectories(path)] == ["ep0", "ep1", "ep2"]
+    with TrajectoryStore(path) as store:
+        assert store.ids == {"ep0", "ep1", "ep2"}
+        with pytest.raises(StoreError, match="already in"):
+            store.append(make(1))
+
+
+def test_torn_tail_is_dropped_and_earlier_lines_survive(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path) as store:
+        store.append(make(0))
+    whole = path.read_bytes()
+    path.write_bytes(whole + json.dumps(make(1).model_dump())[:40].encode())  # a write cut by a crash
+    assert [t.id for t in read_trajectories(path)] == ["ep0"]
+    with TrajectoryStore(path) as store:
+        assert store.ids == {"ep0"}
+        store.append(make(1))
+    assert [t.id for t in read_trajectories(path)] == ["ep0", "ep1"]
+
+
+def test_a_bad_complete_line_is_an_error_naming_the_line(tmp_path):
+    path = tmp_path / "t.jsonl"
+    broken = make(1).model_dump()
+    broken["tokens"]["loss_mask"] = [1]
+    path.write_text(json.dumps(make(0).model_dump()) + "\n" + json.dumps(broken) + "\n")
+    with pytest.raises(StoreError, match=r"(?s)t\.jsonl:2: .*token invariant broken"):
+        list(read_trajectories(path))
+
+
+def test_one_writer_at_a_time(tmp_path):
+    path = tmp_path / "t.jsonl"
+    with TrajectoryStore(path), pytest.raises(StoreError, match="another process"), TrajectoryStore(path):
+        pass
+
+
+def test_kill_9_mid_collection_then_resume(tmp_path, tiny_model_dir):
+    """A real SIGKILL of a collecting process loses only episodes in flight; the same command completes the file."""
+    out = tmp_path / "demos.jsonl"
+    total = 300
+    command = [sys.executable, "-m", "trajlab.cli", "collect", "--env", "arithmetic", "--policy", "oracle",
+               "--tokenizer", str(tiny_model_dir), "--episodes", str(total), "--out", str(out), "--concurrency", "4"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 20:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, f"collector ended before it could be killed: {process.stderr.read().decode()}"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    before = list(read_trajectories(out))
+    assert 20 <= len(before) < total, "the kill must land mid-collection"
+
+    subprocess.run(command, check=True, capture_output=True, timeout=300)
+    after = list(read_trajectories(out))
+    assert len(after) == total
+    assert len({t.id for t in after}) == total
+    assert [t.id for t in after[: len(before)]] == [t.id for t in before], "earlier lines are never rewritten"
+    for trajectory in after:
+        tokens = trajectory.tokens
+        assert len(tokens.completion_ids) == len(tokens.loss_mask) == len(tokens.logprobs)
+        assert trajectory.status == "success"

@@ -1,0 +1,64 @@
+"""The transformers backend on the real tiny model."""
+
+import asyncio
+import itertools
+
+import torch
+
+from trajlab.chat.parsers import get_parser
+from trajlab.env import load_env
+from trajlab.inference.base import GenerationRequest, SamplingParams
+from trajlab.inference.hf import HFGenerator
+from trajlab.models import load_model
+from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+
+
+def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_dir, tiny_tokenizer, tiny_template):
+    model = load_model(tiny_model_dir)
+    generator = HFGenerator(model, tiny_tokenizer)
+    spec = load_env("arithmetic")
+    engine = RolloutEngine(spec, generator, tiny_tokenizer, chat_template=tiny_template,
+                           parser=get_parser("auto", tiny_tokenizer),
+                           sampling=SamplingParams(max_new_tokens=24, temperature=1.0),
+                           limits=RolloutLimits(max_turns=2))
+    tasks = list(itertools.islice(spec.iter_tasks("test"), 6))
+    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=6))
+    turns = sum(t.metrics["turns"] for t in results)
+    assert len(results) == 6 and generator.batches < turns, "concurrent turns must share generate calls"
+
+    for trajectory in results:
+        tokens = trajectory.tokens
+        assert len(tokens.completion_ids) == len(tokens.loss_mask) == len(tokens.logprobs)
+        ids = torch.tensor([tokens.prompt_ids + tokens.completion_ids])
+        with torch.inference_mode():
+            logits = model(ids).logits[0, :-1].float()  # (T-1, V): position t predicts token t+1
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        offset = len(tokens.prompt_ids) - 1
+        for i, (bit, logprob) in enumerate(zip(tokens.loss_mask, tokens.logprobs, strict=True)):
+            if bit:
+                assert abs(logprob - expected[offset + i].item()) < 1e-3
+            else:
+                assert logprob is None
+
+
+def test_cut_never_infers_padding_from_token_ids(tiny_model_dir, tiny_tokenizer):
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    stop = SamplingParams(max_new_tokens=5, stop_token_ids=(7,))
+    # pad may equal the stop token: the first stop token ends the turn, the rest is padding.
+    result = generator._cut([5, 6, 7, 7, 7], [-1.0] * 5, stop)
+    assert result.token_ids == [5, 6, 7] and result.finish_reason == "stop"
+    result = generator._cut([5, 6, 8, 9, 4, 7], [-1.0] * 6, stop)
+    assert result.token_ids == [5, 6, 8, 9, 4] and result.finish_reason == "length"
+
+
+def test_greedy_generation_is_deterministic(tiny_model_dir, tiny_tokenizer):
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    prompt = tiny_tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
+                                   add_special_tokens=False)
+    params = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+    async def twice():
+        return await asyncio.gather(*(generator.generate(GenerationRequest(prompt, params)) for _ in range(2)))
+
+    first, second = asyncio.run(twice())
+    assert first.token_ids == second.token_ids and len(first.token_ids) > 0
