@@ -1,0 +1,71 @@
+"""Each CLI command end to end, with tiny budgets."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trajlab.cli import app
+from trajlab.data.store import read_trajectories
+
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_envs_json_lists_every_env_with_its_tools():
+    result = invoke("envs", "--json")
+    assert result.exit_code == 0
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert {"arithmetic", "guess"} <= set(rows)
+    assert {t["function"]["name"] for t in rows["arithmetic"]["tools"]} == {"add", "subtract", "multiply", "submit"}
+    assert rows["guess"]["description"]
+
+
+def test_model_init_refuses_to_overwrite(tmp_path):
+    assert invoke("model", "init", tmp_path / "m").exit_code == 0
+    result = invoke("model", "init", tmp_path / "m")
+    assert result.exit_code == 2 and "overwrite" in result.stdout
+
+
+@pytest.mark.parametrize("env", ["arithmetic", "guess"])
+def test_collect_with_the_oracle_solves_everything(env, tmp_path, tiny_model_dir):
+    out = tmp_path / "demos.jsonl"
+    result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tiny_model_dir, "--episodes", 24,
+                    "--split", "test", "--out", out)
+    assert result.exit_code == 0, result.stdout
+    assert "success rate" in result.stdout and "1.000" in result.stdout
+    trajectories = list(read_trajectories(out))
+    assert len(trajectories) == 24 and all(t.status == "success" for t in trajectories)
+    assert all(t.split == "test" and t.policy == "oracle" for t in trajectories)
+
+
+def test_collect_with_the_untrained_model_records_failures_honestly(tmp_path, tiny_model_dir):
+    out = tmp_path / "untrained.jsonl"
+    result = invoke("collect", "--env", "arithmetic", "--policy", tiny_model_dir, "--episodes", 4,
+                    "--max-new-tokens", 24, "--max-turns", 2, "--out", out)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(out))
+    assert len(trajectories) == 4
+    assert all(t.status in ("failure", "truncated") and t.reward == 0.0 for t in trajectories)
+    for t in trajectories:
+        assert sum(t.tokens.loss_mask) == t.metrics["model_tokens"] > 0
+        assert all(lp is not None for lp, bit in zip(t.tokens.logprobs, t.tokens.loss_mask, strict=True) if bit)
+    again = invoke("collect", "--env", "arithmetic", "--policy", tiny_model_dir, "--episodes", 4,
+                   "--max-new-tokens", 24, "--max-turns", 2, "--out", out)
+    assert "already on disk" in again.stdout and len(list(read_trajectories(out))) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--env", "arithmetik", "--policy", "oracle"], "Did you mean 'arithmetic'"),
+        (["--env", "arithmetic", "--policy", "/no/such/model"], "neither"),
+        (["--env", "arithmetic", "--policy", "oracle", "--split", "dev"], "splits ['train', 'test']"),
+    ],
+)
+def test_collect_bad_input_is_a_clear_error(args, message, tmp_path, tiny_model_dir):
+    result = invoke("collect", *args, "--tokenizer", tiny_model_dir, "--episodes", 2, "--out", tmp_path / "x.jsonl")
+    assert result.exit_code == 2 and message in result.stdout
