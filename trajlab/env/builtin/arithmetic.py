@@ -16,7 +16,7 @@ from trajlab.env.builtin._split import split_of
 from trajlab.env.registry import EnvSpec
 
 SYMBOLS = {"add": "+", "subtract": "-", "multiply": "*"}
-MAX_OPERAND = 20
+MAX_OPERAND = 9
 
 
 class Arithmetic(Environment):
