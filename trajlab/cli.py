@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -110,6 +110,283 @@ def collect(
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     _print_summary(summary, out)
+
+
+@app.command()
+def dataset(
+    kind: Annotated[Literal["sft", "rl", "preference"], typer.Option(
+        help="sft: demonstrations; rl: the distinct tasks to roll out; preference: (success, failure) pairs for DPO.")],
+    sources: Annotated[list[Path], typer.Option("--from", help="Trajectory file (JSONL); repeat to combine files.")],
+    out: Annotated[Path, typer.Option(help="Output: FILE.jsonl, FILE.parquet, or a directory (save_to_disk).")],
+    format: Annotated[Literal["disk", "jsonl", "parquet"] | None, typer.Option(
+        "--format", help="Output format (default: from OUT's suffix).")] = None,
+    include_failures: Annotated[bool, typer.Option(
+        help="sft: keep failed and truncated episodes too, with a 'success' column.")] = False,
+    shortest_per_task: Annotated[bool, typer.Option(help="sft: keep only the shortest success of each task.")] = False,
+    max_tokens: Annotated[int | None, typer.Option(
+        min=1, help="sft: drop trajectories longer than this many tokens (text-only ones are kept).")] = None,
+):
+    """Turn trajectory files into a Hugging Face dataset for SFT, RL or preference training."""
+    from trajlab.data.datasets import preference_dataset, rl_dataset, save_dataset, sft_dataset
+    from trajlab.data.store import StoreError, read_trajectories
+
+    if kind != "sft" and (include_failures or shortest_per_task or max_tokens is not None):
+        raise _fail("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
+    try:
+        trajectories = [t for source in sources for t in read_trajectories(source)]
+    except (OSError, StoreError) as exc:
+        raise _fail(str(exc)) from exc
+    if kind == "sft":
+        built = sft_dataset(trajectories, include_failures=include_failures, shortest_per_task=shortest_per_task,
+                            max_tokens=max_tokens)
+    else:
+        built = rl_dataset(trajectories) if kind == "rl" else preference_dataset(trajectories)
+    path = save_dataset(built, out, format)
+    console.print(f"Wrote {len(built)} {kind} rows from {len(trajectories)} trajectories to {path}")
+    if kind == "preference" and len(built) == 0:
+        console.print("[yellow]No task has both a success and a failure with the same prompt: nothing to pair.[/]")
+
+
+def _section(config: Path | None, name: str, overrides: dict):
+    """One config section from a YAML file (or defaults), with command-line overrides; unknown keys are errors."""
+    import yaml
+    from pydantic import ValidationError
+
+    from trajlab.config import PipelineConfig
+
+    data = {}
+    if config is not None:
+        loaded = yaml.safe_load(config.read_text()) or {}
+        data = loaded.get(name, {}) if "env" in loaded else loaded
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    model = PipelineConfig.model_fields[name].annotation
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _fail(f"invalid {name} settings: {exc}") from exc
+
+
+@app.command()
+def sft(
+    model: Annotated[Path, typer.Option(help="Model directory to fine-tune.")],
+    out: Annotated[Path, typer.Option(help="Output directory: checkpoints, then out/final.")],
+    sources: Annotated[
+        list[Path] | None, typer.Option("--from", help="Trajectory file(s); successes are used.")
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="A dataset written by `trajlab dataset --kind sft`.")] = None,
+    config: Annotated[Path | None, typer.Option(help="YAML with an `sft:` section (or a whole run config).")] = None,
+    epochs: Annotated[float | None, typer.Option(help="Epochs over the data.")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps.")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Peak learning rate.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step.")] = None,
+    lora_r: Annotated[int | None, typer.Option(help="Train a LoRA adapter of this rank (merged at the end).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the newest checkpoint in OUT.")] = False,
+    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+):
+    """Supervised fine-tuning on trajectories, with loss on the model's own tokens only."""
+    from trajlab.data.datasets import load_saved_dataset, sft_dataset
+    from trajlab.data.store import read_trajectories
+    from trajlab.models import load_tokenizer
+    from trajlab.train.sft import run_sft
+
+    if (sources is None) == (data is None):
+        raise _fail("give exactly one of --from TRAJECTORIES.jsonl or --data DATASET.")
+    settings = _section(config, "sft", {"epochs": epochs, "max_steps": max_steps, "learning_rate": learning_rate,
+                                        "batch_size": batch_size, "lora": {"r": lora_r} if lora_r else None})
+    built = sft_dataset([t for s in sources for t in read_trajectories(s)]) if sources else load_saved_dataset(data)
+    final = run_sft(model, load_tokenizer(model), built, out, settings, seed=seed, resume=resume)
+    console.print(f"SFT on {len(built)} rows done: {final}")
+
+
+@app.command()
+def rl(
+    model: Annotated[Path, typer.Option(help="Model directory to train (e.g. the SFT result).")],
+    env: Annotated[str, typer.Option(help="Registered env name or import path.")],
+    out: Annotated[Path, typer.Option(help="Output directory: metrics.jsonl, checkpoint, final.")],
+    config: Annotated[Path | None, typer.Option(help="YAML with `rl:`/`rollout:` sections (or a run config).")] = None,
+    steps: Annotated[int | None, typer.Option(help="RL steps.")] = None,
+    estimator: Annotated[Literal["grpo", "dr_grpo", "rloo"] | None, typer.Option(help="Advantage estimator.")] = None,
+    credit: Annotated[Literal["trajectory", "turn"] | None, typer.Option(help="Credit assignment.")] = None,
+    group_size: Annotated[int | None, typer.Option(help="Rollouts per task.")] = None,
+    tasks_per_step: Annotated[int | None, typer.Option(help="Tasks per step.")] = None,
+    learning_rate: Annotated[float | None, typer.Option(help="Learning rate.")] = None,
+    kl_coef: Annotated[float | None, typer.Option(help="KL penalty weight to the starting policy.")] = None,
+    lora_r: Annotated[int | None, typer.Option(help="Train a LoRA adapter of this rank (merged at the end).")] = None,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in OUT.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed for task order and sampling.")] = 0,
+):
+    """Online multi-turn RL (GRPO, Dr.GRPO, RLOO; trajectory- or turn-level credit) with trajlab rollouts."""
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.env.registry import load_env
+    from trajlab.models import load_tokenizer
+    from trajlab.train.rl import run_rl
+
+    settings = _section(config, "rl", {"steps": steps, "estimator": estimator, "credit": credit,
+                                       "group_size": group_size, "tasks_per_step": tasks_per_step,
+                                       "learning_rate": learning_rate, "kl_coef": kl_coef,
+                                       "lora": {"r": lora_r} if lora_r else None})
+    rollout = _section(config, "rollout", {})
+    try:
+        spec = load_env(env)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    tokenizer = load_tokenizer(model)
+
+    def show(record: dict) -> None:
+        console.print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+
+    final = run_rl(model, tokenizer, resolve_chat_template(tokenizer), spec, settings, rollout, out, seed=seed,
+                   resume=resume, on_step=show)
+    console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="Pipeline YAML (see configs/quickstart.yaml).")],
+    run_dir: Annotated[str | None, typer.Option(help="Override run_dir from the config.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the training seed.")] = None,
+    settings: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override any key, e.g. --set rl.steps=5 --set model.init_seed=1 (value read as YAML).")
+    ] = None,
+):
+    """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
+    import yaml
+
+    from trajlab.config import ConfigError, load_config
+    from trajlab.evaluate import results_table
+    from trajlab.pipeline import run_pipeline
+
+    overrides: dict = {k: v for k, v in {"run_dir": run_dir, "seed": seed}.items() if v is not None}
+    for item in settings or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--set takes KEY=VALUE (e.g. rl.steps=5), got {item!r}.")
+        *parents, leaf = key.split(".")
+        node = overrides
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    try:
+        pipeline = load_config(config, overrides)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
+    started = time.perf_counter()
+    try:
+        reports = run_pipeline(pipeline, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")
+    metrics += tuple(f"reward/{name}" for name in ("progress",) if any(name in r.reward_components for r in reports))
+    table = results_table(reports, metrics=metrics, title=f"{pipeline.env}: held-out {pipeline.eval.split} tasks")
+    console.print(table)
+    console.print(f"Run saved in {pipeline.run_dir} ({time.perf_counter() - started:.0f}s)")
+
+
+eval_app = typer.Typer(
+    help="Evaluate a policy on held-out tasks (success rate, pass@k, per-task table), or compare two evaluations.",
+    invoke_without_command=True,
+    no_args_is_help=True,
+)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.callback()
+def eval_run(
+    ctx: typer.Context,
+    env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")] = None,
+    policy: Annotated[str | None, typer.Option(help="'oracle' (the env's reference policy) or a model dir.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run dir for trajectories.jsonl + eval.json; resumed.")] = None,
+    num_tasks: Annotated[int | None, typer.Option(min=1, help="Tasks to use (default 32, or all of --tasks).")] = None,
+    samples_per_task: Annotated[int, typer.Option(min=1, help="Episodes per task; pass@k needs k <= this.")] = 1,
+    k: Annotated[list[int] | None, typer.Option("--k", min=1, help="pass@k budget; repeatable (default 1, K).")] = None,
+    label: Annotated[str | None, typer.Option(help="Run name in tables (default: the policy's name).")] = None,
+    split: Annotated[str, typer.Option(help="Task split: train or test.")] = "test",
+    seed: Annotated[int, typer.Option(help="Task order seed.")] = 0,
+    tasks: Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")] = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer for the oracle (default: tiny).")] = None,
+    parser: Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")] = "auto",
+    concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 8,
+    max_turns: Annotated[int, typer.Option(min=1, help="Model turns per episode.")] = 8,
+    max_episode_tokens: Annotated[int, typer.Option(min=1, help="Prompt + completion tokens per episode.")] = 2048,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
+    tool_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")] = 10.0,
+    system_prompt: Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")] = None,
+    max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
+):
+    """Roll out POLICY on SPLIT with --samples-per-task episodes per task, write OUT/eval.json, print the tables.
+
+    `trajlab eval compare A.json B.json` compares two saved evaluations instead.
+    """
+    if ctx.invoked_subcommand is not None:
+        return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
+    from trajlab.collect import CollectConfig, plan_episodes
+    from trajlab.collect import collect as run_collect
+    from trajlab.data.store import read_trajectories
+    from trajlab.env.registry import load_env, read_tasks_file
+    from trajlab.evaluate import evaluate_trajectories, report_table, save_report
+    from trajlab.inference.base import SamplingParams
+    from trajlab.rollout.engine import RolloutLimits
+
+    missing = [f"--{name}" for name, value in (("env", env), ("policy", policy), ("out", out)) if value is None]
+    if missing:
+        raise _fail(f"trajlab eval needs {', '.join(missing)} (or: trajlab eval compare A.json B.json).")
+    ks = sorted(set(k or [1, samples_per_task]))
+    if ks[-1] > samples_per_task:
+        raise _fail(f"pass@{ks[-1]} needs --samples-per-task >= {ks[-1]}; got {samples_per_task}.")
+    try:
+        if policy != "oracle" and not Path(policy).is_dir():
+            raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
+        if num_tasks is None:
+            num_tasks = len(read_tasks_file(tasks)) if tasks is not None else 32
+        config = CollectConfig(
+            env=load_env(env), policy=policy, episodes=num_tasks * samples_per_task, out=out / "trajectories.jsonl",
+            split=split, seed=seed, samples_per_task=samples_per_task, tasks_file=tasks, tokenizer=tokenizer,
+            parser=parser, concurrency=concurrency, system_prompt=system_prompt,
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+            limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
+                                 tool_timeout_s=tool_timeout),
+        )
+        with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            bar = progress.add_task("eval", total=config.episodes)
+            summary = run_collect(config, on_progress=lambda done, total: progress.update(bar, completed=done))
+        wanted = {episode.id for episode in plan_episodes(config)}
+        report = evaluate_trajectories(
+            (t for t in read_trajectories(config.out) if t.id in wanted),
+            ks=ks,
+            label=label or ("oracle" if policy == "oracle" else Path(policy).name),
+            tokens_per_s=summary["tokens_per_s"] or None,  # None when every episode was already on disk
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    path = save_report(report, out / "eval.json")
+    console.print(report_table(report, max_tasks=max_tasks))
+    console.print(f"Wrote {config.out} and {path}")
+
+
+@eval_app.command("compare")
+def eval_compare(
+    a: Annotated[Path, typer.Argument(help="The baseline eval.json.")],
+    b: Annotated[Path, typer.Argument(help="The eval.json to compare with it (deltas are B - A).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON instead of a table.")] = False,
+    max_tasks: Annotated[int, typer.Option(min=0, help="Changed tasks to print (largest change first).")] = 20,
+):
+    """Compare two evaluations: every metric with its delta, and the tasks whose success changed."""
+    from trajlab.evaluate import compare_reports, comparison_table, load_report
+
+    try:
+        report_a, report_b = load_report(a), load_report(b)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    if report_a.label == report_b.label:  # two runs of one policy: name the columns by file instead
+        report_a = report_a.model_copy(update={"label": str(a)})
+        report_b = report_b.model_copy(update={"label": str(b)})
+    comparison = compare_reports(report_a, report_b)
+    if as_json:
+        typer.echo(json.dumps(comparison, indent=2))
+        return
+    console.print(comparison_table(comparison, max_tasks=max_tasks))
 
 
 def _print_summary(summary: dict, out: Path) -> None:

@@ -42,3 +42,19 @@ def test_arithmetic_wrong_answer_scores_nothing():
     env.reset(**task)
     assert env.submit(task["answer"] + 1) == "Wrong."
     assert env.done and env.reward == 0.0 and env.success is False
+
+
+def test_arithmetic_dense_rewards_credit_each_correct_step():
+    from trajlab.env.builtin.arithmetic import solution
+
+    spec = load_env("arithmetic")
+    task = next(spec.iter_tasks("train"))
+    (first, args1), (second, args2), (_, final) = solution(task)
+    env = spec.make()
+    env.reset(**task)
+    getattr(env, first)(**args1)
+    getattr(env, second)(args2["a"] + 1, args2["b"])  # wrong intermediate: no credit
+    getattr(env, second)(**args2)
+    env.submit(**final)
+    assert env.turn_rewards == [pytest.approx(1 / 3), 0.0, pytest.approx(1 / 3), pytest.approx(1 / 3)]
+    assert env.metrics["progress"] == 1.0 and env.success

@@ -62,3 +62,11 @@ def test_greedy_generation_is_deterministic(tiny_model_dir, tiny_tokenizer):
 
     first, second = asyncio.run(twice())
     assert first.token_ids == second.token_ids and len(first.token_ids) > 0
+
+
+def test_one_generator_serves_successive_event_loops(tiny_model_dir, tiny_tokenizer):
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    request = GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0.0))
+    first = asyncio.run(generator.generate(request))
+    second = asyncio.run(generator.generate(request))  # e.g. the next RL step
+    assert first.token_ids == second.token_ids

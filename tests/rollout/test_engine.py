@@ -170,3 +170,14 @@ def test_model_tokens_never_exceed_the_episode_budget(tiny_tokenizer, tiny_templ
     assert len(tokens.prompt_ids) + last_model_token + 1 <= budget
     assert trajectory.status == "truncated"
     assert trajectory.stop_reason in ("max_episode_tokens", "max_new_tokens")
+
+
+def test_turn_rewards_align_with_model_turns(tiny_tokenizer, tiny_template):
+    # Flaky has no dense rewards, so a turn's reward is its change in env.reward: only `finish` pays.
+    texts = [call("add", '{"a": 2, "b": 3}'), "thinking<|im_end|>"]
+    trajectory = asyncio.run(make_engine(tiny_tokenizer, tiny_template, texts).run_episode(Episode("e", {})))
+    assert trajectory.turn_rewards == [0.0, 0.0]
+    trajectory = asyncio.run(make_engine(tiny_tokenizer, tiny_template, [call("add", '{"a": 2, "b": 3}'),
+                                                                          call("finish", "{}")]).run_episode(
+        Episode("e", {})))
+    assert trajectory.turn_rewards == [0.0, 1.0]

@@ -27,7 +27,8 @@ class Environment:
         reward: the episode reward so far; the env sets it, the engine reads it when the episode ends.
         done: set to True when the episode is over (solved or failed); the engine stops the episode.
         success: optional verdict; when left as None, success means ``reward >= 1.0``.
-        turn_rewards: optional per-turn rewards, for turn-level credit assignment.
+        turn_rewards: optional dense rewards, one entry appended per tool call the env handles; the engine sums
+            them per model turn for turn-level credit. Without it, a turn's reward is its change in ``reward``.
         metrics: numbers worth logging for this episode (e.g. ``{"guesses": 4}``).
     """
 

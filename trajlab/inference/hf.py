@@ -46,15 +46,20 @@ class HFGenerator:
         self.batch_wait_s = batch_wait_s
         self.name = name
         self._queue: list[_Pending] = []
-        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self.generated_tokens = 0
         self.batches = 0
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new event loop (e.g. one asyncio.run per RL step): start a worker on it
+            self._loop, self._wakeup, self._queue = loop, asyncio.Event(), []
+            self._worker = None
         if self._worker is None or self._worker.done():
-            self._worker = asyncio.get_running_loop().create_task(self._serve())
-        future: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
+            self._worker = loop.create_task(self._serve())
+        future: asyncio.Future[GenerationResult] = loop.create_future()
         self._queue.append(_Pending(request, future))
         self._wakeup.set()
         return await future

@@ -158,6 +158,7 @@ class RolloutEngine:
 
             text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
             if result.finish_reason == "length":
+                state.turn_rewards.append(0.0)
                 # The turn was cut mid-way: keep its text, but do not act on a half-written call.
                 state.messages.append({"role": "assistant", "content": text})
                 state.stop_reason = "max_new_tokens" if params.max_new_tokens < budget else "max_episode_tokens"
@@ -171,11 +172,18 @@ class RolloutEngine:
                 parsed = ParsedResponse(content=raw, errors=parsed.errors)
             state.messages.append(_assistant_message(parsed, turn))
             if not parsed.tool_calls and not parsed.errors:
+                state.turn_rewards.append(0.0)
                 state.tokens.extend(self.chat.closing_ids(state.messages), trained=False)
                 state.stop_reason = "no_tool_call"
                 return
 
+            reward_before = float(env.reward or 0.0)
+            calls_rewarded = len(env.turn_rewards or [])
             new_messages = await self._observe(state, env, parsed, turn)
+            state.turn_rewards.append(
+                sum(env.turn_rewards[calls_rewarded:]) if env.turn_rewards is not None
+                else float(env.reward or 0.0) - reward_before
+            )
             ending = bool(env.done) or turn == self.limits.max_turns - 1
             obs_ids = self.chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
             state.messages.extend(new_messages)
@@ -229,7 +237,6 @@ class RolloutEngine:
             for name, value in (getattr(env, "metrics", None) or {}).items():
                 if isinstance(value, int | float):
                     metrics[f"env/{name}"] = float(value)
-        turn_rewards = getattr(env, "turn_rewards", None) if env is not None else None
         return Trajectory(
             id=state.episode.id,
             env=self.env.name,
@@ -240,7 +247,7 @@ class RolloutEngine:
             status=status,
             metrics=metrics,
             tokens=state.tokens,
-            turn_rewards=list(turn_rewards) if turn_rewards is not None else None,
+            turn_rewards=state.turn_rewards if state.tokens is not None else None,
             stop_reason=state.stop_reason,
             error=state.error,
             policy=self.generator.name,
@@ -257,7 +264,7 @@ class _EpisodeState:
     status: Status | None = None
     stop_reason: str = ""
     error: str | None = None
-
+    turn_rewards: list[float] = field(default_factory=list)  # one per model turn
     counters: defaultdict[str, float] = field(
         default_factory=lambda: defaultdict(float, dict.fromkeys(EPISODE_COUNTERS, 0.0))
     )

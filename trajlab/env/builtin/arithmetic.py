@@ -24,8 +24,11 @@ class Arithmetic(Environment):
 
     def reset(self, **task: Any) -> str:
         super().reset()
+        self.task = task
         self.answer = int(task["answer"])
-        self.metrics = {"tool_calls": 0}
+        self.solved_steps = 0
+        self.turn_rewards = []
+        self.metrics = {"tool_calls": 0, "progress": 0.0}
         return task["question"]
 
     def add(self, a: int, b: int) -> str:
@@ -35,7 +38,7 @@ class Arithmetic(Environment):
             a: the first integer
             b: the second integer
         """
-        return self._calculate(a + b)
+        return self._calculate("add", a, b, a + b)
 
     def subtract(self, a: int, b: int) -> str:
         """Subtract b from a.
@@ -44,7 +47,7 @@ class Arithmetic(Environment):
             a: the integer to subtract from
             b: the integer to subtract
         """
-        return self._calculate(a - b)
+        return self._calculate("subtract", a, b, a - b)
 
     def multiply(self, a: int, b: int) -> str:
         """Multiply two integers.
@@ -53,7 +56,7 @@ class Arithmetic(Environment):
             a: the first integer
             b: the second integer
         """
-        return self._calculate(a * b)
+        return self._calculate("multiply", a, b, a * b)
 
     def submit(self, answer: int) -> str:
         """Submit the final answer; ends the episode.
@@ -61,19 +64,31 @@ class Arithmetic(Environment):
         Args:
             answer: the value of the whole expression
         """
+        self._score_step("submit", {"answer": answer})
         self.done = True
         self.success = answer == self.answer
         self.reward = 1.0 if self.success else 0.0
         return "Correct." if self.success else "Wrong."
 
-    def _calculate(self, value: int) -> str:
+    def _calculate(self, name: str, a: int, b: int, value: int) -> str:
         self.metrics["tool_calls"] += 1
+        self._score_step(name, {"a": a, "b": b})
         return str(value)
+
+    def _score_step(self, name: str, arguments: dict[str, int]) -> None:
+        """Per-call reward: 1/3 for each call that is the next step of the reference solution."""
+        plan = solution(self.task)
+        correct = self.solved_steps < len(plan) and plan[self.solved_steps] == (name, arguments)
+        self.solved_steps += correct
+        self.turn_rewards.append(1 / len(plan) if correct else 0.0)
+        self.metrics["progress"] = self.solved_steps / len(plan)
+
+
+APPLY = {"add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y}
 
 
 def make_task(a: int, b: int, c: int, first: str, second: str) -> dict[str, Any]:
-    apply = {"add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y}
-    answer = apply[second](apply[first](a, b), c)
+    answer = APPLY[second](APPLY[first](a, b), c)
     question = f"Compute ({a} {SYMBOLS[first]} {b}) {SYMBOLS[second]} {c}."
     return {"question": question, "a": a, "b": b, "c": c, "ops": [first, second], "answer": answer}
 
@@ -93,6 +108,17 @@ def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
         seen.add(key)
         if split_of(key) == split:
             yield {"task_id": f"arithmetic-{a}-{first}-{b}-{second}-{c}", **task}
+
+
+def solution(task: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
+    """The reference sequence of calls for a task."""
+    first, second = task["ops"]
+    intermediate = APPLY[first](task["a"], task["b"])
+    return [
+        (first, {"a": task["a"], "b": task["b"]}),
+        (second, {"a": intermediate, "b": task["c"]}),
+        ("submit", {"answer": APPLY[second](intermediate, task["c"])}),
+    ]
 
 
 def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,105 @@
+"""The RL trainer on the real tiny model: loss direction, masking, a short run, resume, LoRA + KL."""
+
+import json
+
+import torch
+
+from trajlab.chat.template import resolve_chat_template
+from trajlab.config import LoraSettings, RLSettings, RolloutSettings
+from trajlab.env import load_env
+from trajlab.models import load_model, load_tokenizer
+from trajlab.rollout.types import TokenRecord, Trajectory
+from trajlab.train.rl import _pack, _policy_loss, run_rl
+
+
+def trajectory_with_model_logprobs(model, tokenizer, loss_mask):
+    prompt = tokenizer.encode("<|im_start|>user\nCompute (1 + 2) * 3.<|im_end|>\n<|im_start|>assistant\n",
+                              add_special_tokens=False)
+    completion = tokenizer.encode("<tool_call>\n{\"name\": \"add\"", add_special_tokens=False)[: len(loss_mask)]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, :-1]
+    full = torch.log_softmax(logits, -1).gather(-1, torch.tensor(prompt + completion)[1:, None]).squeeze(-1)
+    logprobs = [full[len(prompt) - 1 + i].item() if bit else None for i, bit in enumerate(loss_mask)]
+    tokens = TokenRecord(prompt_ids=prompt, completion_ids=completion, loss_mask=loss_mask, logprobs=logprobs)
+    return Trajectory(id="t", env="arithmetic", task={}, messages=[], tools=[], reward=1.0, status="success",
+                      tokens=tokens)
+
+
+def masked_logprob(model, batch):
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    lp = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    return (lp * batch["loss_mask"][:, 1:]).sum().item()
+
+
+def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_tokenizer):
+    settings = RLSettings()
+    mask = [1, 1, 1, 0, 0, 1, 1]
+    for sign in (1.0, -1.0):
+        model = load_model(tiny_model_dir)
+        trajectory = trajectory_with_model_logprobs(model, tiny_tokenizer, mask)
+        batch = _pack([trajectory], [[sign * bit for bit in mask]], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        before = masked_logprob(model, batch)
+        model.train()
+        stats = _policy_loss(model, None, batch, settings, token_budget=64)
+        assert abs(stats["clip_fraction"]) < 1e-6, "rollout logprobs equal the policy's: ratio is 1"
+        stats["loss_tensor"].backward()
+        torch.optim.SGD(model.parameters(), lr=0.05).step()
+        after = masked_logprob(model, batch)
+        assert (after - before) * sign > 0
+
+    # Advantages on observation tokens (loss_mask 0) must not change the gradient.
+    model = load_model(tiny_model_dir)
+    trajectory = trajectory_with_model_logprobs(model, tiny_tokenizer, mask)
+    grads = []
+    for noise in (0.0, 5.0):
+        advantages = [1.0 if bit else noise for bit in mask]
+        batch = _pack([trajectory], [advantages], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        model.zero_grad()
+        _policy_loss(model, None, batch, settings, token_budget=64)["loss_tensor"].backward()
+        grads.append(model.model.embed_tokens.weight.grad.clone())
+    assert torch.allclose(grads[0], grads[1])
+
+
+def test_padding_is_marked_by_attention_mask_even_when_pad_is_a_real_token(tiny_model_dir, tiny_tokenizer):
+    model = load_model(tiny_model_dir)
+    short = trajectory_with_model_logprobs(model, tiny_tokenizer, [1, 1])
+    long = trajectory_with_model_logprobs(model, tiny_tokenizer, [1, 1, 1, 1, 1])
+    pad = short.tokens.completion_ids[-1]  # pad id equal to a token the model generated
+    batch = _pack([short, long], [[1.0, 1.0], [1.0] * 5], pad, torch.device("cpu"))
+    lengths = [len(t.tokens.prompt_ids) + len(t.tokens.completion_ids) for t in (short, long)]
+    assert batch["attention_mask"].sum(-1).tolist() == lengths
+    assert batch["loss_mask"].sum(-1).tolist() == [2, 5]
+
+
+def tiny_settings(**overrides):
+    rl = dict(steps=2, tasks_per_step=2, group_size=2, minibatch_size=4, save_steps=1, learning_rate=1e-4)
+    return RLSettings(**(rl | overrides)), RolloutSettings(max_turns=2, max_new_tokens=8, concurrency=8)
+
+
+def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    env = load_env("arithmetic")
+    settings, rollout = tiny_settings(steps=1, rewards={"env": 1.0, "progress": 0.5, "format": 0.0})
+    run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path)
+    settings, rollout = tiny_settings(steps=2, rewards={"env": 1.0, "progress": 0.5, "format": 0.0})
+    final = run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path, resume=True)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2], "the resumed run continues at step 2"
+    for key in ("reward", "reward/env", "reward/progress", "reward/format", "success_rate", "tool_error_rate",
+                "parse_error_rate", "zero_variance_groups", "kl", "entropy", "tokens_per_s"):
+        assert key in records[-1]
+    assert json.loads((tmp_path / "checkpoint" / "trajlab_state.json").read_text()) == {"step": 2}
+    assert sum(p.numel() for p in load_model(final).parameters()) > 1_000_000
+
+
+def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    settings, rollout = tiny_settings(steps=1, kl_coef=0.1, lora=LoraSettings(r=4, alpha=8))
+    final = run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_env("guess"), settings,
+                   rollout, tmp_path)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["kl"] >= 0.0
+    merged = load_model(final)
+    assert not any("lora" in name for name, _ in merged.named_parameters())

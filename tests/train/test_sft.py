@@ -1,0 +1,67 @@
+"""SFT through TRL on real reference trajectories: loss on model tokens only, checkpoints, resume, LoRA."""
+
+import asyncio
+import itertools
+import json
+
+from trajlab.chat.parsers import get_parser
+from trajlab.config import LoraSettings, SFTSettings
+from trajlab.data.datasets import sft_dataset
+from trajlab.env import load_env
+from trajlab.inference.scripted import ScriptedGenerator
+from trajlab.models import load_model
+from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.train.sft import run_sft
+
+
+def demonstrations(tokenizer, template, n=8):
+    spec = load_env("arithmetic")
+    engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tokenizer, template), tokenizer,
+                           chat_template=template, parser=get_parser("auto", tokenizer))
+    tasks = list(itertools.islice(spec.iter_tasks("train"), n))
+    return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks]))
+
+
+def test_system_user_and_tool_tokens_carry_no_loss(tiny_tokenizer, tiny_template):
+    from trl import SFTConfig, SFTTrainer
+
+    trajectories = demonstrations(tiny_tokenizer, tiny_template, n=4)
+    dataset = sft_dataset(trajectories)
+    trainer = SFTTrainer(model=load_model(tiny_tokenizer.name_or_path),
+                         args=SFTConfig(output_dir="/tmp/unused-sft", report_to="none", max_length=None,
+                                        per_device_train_batch_size=4, use_cpu=True, bf16=False),
+                         train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                         processing_class=tiny_tokenizer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    labels, ids = batch["labels"], batch["input_ids"]
+    by_prompt = {tuple(t.tokens.prompt_ids + t.tokens.completion_ids): t for t in trajectories}
+    for row_ids, row_labels in zip(ids.tolist(), labels.tolist(), strict=True):
+        key = next(k for k in by_prompt if tuple(row_ids[: len(k)]) == k)
+        tokens = by_prompt[key].tokens
+        mask = [0] * len(tokens.prompt_ids) + tokens.loss_mask
+        for token, label, bit in zip(row_ids, row_labels, mask, strict=False):
+            assert label == (token if bit else -100)
+        trained_text = tiny_tokenizer.decode([t for t, b in zip(row_ids, mask, strict=False) if b],
+                                             skip_special_tokens=False)
+        assert "<|im_start|>" not in trained_text and "<tool_response>" not in trained_text
+        assert trained_text.count("<|im_end|>") == 3, "each assistant turn's stop token is trained"
+
+
+def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    settings = SFTSettings(max_steps=2, batch_size=4, save_steps=1, logging_steps=1, warmup_steps=0)
+    run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings)
+    settings = settings.model_copy(update={"max_steps": 3})
+    final = run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings, resume=True)
+    state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2, 3]
+    assert load_model(final).config.model_type == "qwen3"
+
+
+def test_sft_with_lora_saves_a_merged_model(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, lora=LoraSettings(r=4, alpha=8))
+    final = run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings)
+    merged = load_model(final)
+    assert not any("lora" in name for name, _ in merged.named_parameters())

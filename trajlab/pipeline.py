@@ -1,0 +1,132 @@
+"""The ``trajlab run`` recipe: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, from one config.
+
+Every stage uses the same env, tool schemas, parser, chat template and reward. Each stage leaves its result in the
+run directory and is skipped when that result is already there, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trajlab.collect import CollectConfig, collect, plan_episodes
+from trajlab.config import PipelineConfig
+from trajlab.data.datasets import save_dataset, sft_dataset
+from trajlab.data.store import read_trajectories
+from trajlab.env.registry import load_env
+from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
+from trajlab.inference.base import SamplingParams
+from trajlab.models import init_tiny_model, load_tokenizer
+from trajlab.rollout.engine import RolloutLimits
+from trajlab.rollout.rewards import score
+
+Log = Callable[[str], None]
+
+
+def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
+    """Run the configured stages in order; returns the evaluation reports, one per ``eval`` stage."""
+    run = Path(config.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    env = load_env(config.env)
+
+    base = Path(config.model.path) if config.model.path else run / "model"
+    if config.model.path is None and not (base / "config.json").exists():
+        init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
+        log(f"built the tiny model in {base}")
+    tokenizer = load_tokenizer(base)
+
+    current, label, reports = base, "untrained" if config.model.path is None else "base", []
+    for stage in config.stages:
+        started = time.perf_counter()
+        if stage == "collect":
+            summary = collect(_collect_config(config, env, "oracle", run / "demos.jsonl", str(base)))
+            log(f"collect: {summary['episodes']} demonstrations, success rate {summary['success_rate']:.3f}")
+        elif stage == "sft":
+            current, label = _sft(config, current, tokenizer, run, log), "sft"
+        elif stage == "rl":
+            current, label = _rl(config, env, current, tokenizer, run, log), "rl"
+        elif stage == "eval":
+            reports.append(_eval(config, env, current, label, run / f"eval-{len(reports)}-{label}"))
+            log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
+                f"mean reward {reports[-1].mean_reward:.3f}")
+        log(f"{stage} took {time.perf_counter() - started:.0f}s")
+    (run / "results.json").write_text(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
+    return reports
+
+
+def _collect_config(
+    config: PipelineConfig, env: Any, policy: str, out: Path, tokenizer: str | None = None, *,
+    split: str = "train", seed: int | None = None, episodes: int | None = None, samples_per_task: int = 1,
+    temperature: float = 1.0,
+) -> CollectConfig:
+    rollout = config.rollout
+    return CollectConfig(
+        env=env, policy=policy, episodes=episodes or config.collect.episodes, out=out, split=split,
+        seed=config.seed if seed is None else seed,
+        samples_per_task=samples_per_task, tokenizer=tokenizer, parser=rollout.parser,
+        concurrency=rollout.concurrency, system_prompt=rollout.system_prompt,
+        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=temperature),
+        limits=RolloutLimits(max_turns=rollout.max_turns, max_episode_tokens=rollout.max_episode_tokens,
+                             tool_timeout_s=rollout.tool_timeout_s),
+    )
+
+
+def _sft(config: PipelineConfig, model: Path, tokenizer: Any, run: Path, log: Log) -> Path:
+    from trajlab.train.sft import run_sft
+
+    final = run / "sft" / "final"
+    if (final / "config.json").exists():
+        log(f"sft: already done ({final})")
+        return final
+    demos = list(read_trajectories(run / "demos.jsonl"))
+    if not any(t.status == "success" for t in demos):
+        statuses = sorted({f"{t.status} ({t.stop_reason})" for t in demos})
+        raise ValueError(f"No successful demonstration in {run / 'demos.jsonl'} to fine-tune on (episodes ended: "
+                         f"{', '.join(statuses)}); raise rollout.max_new_tokens or rollout.max_turns if truncated.")
+    dataset = sft_dataset(demos, include_failures=config.dataset.include_failures,
+                          shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
+    save_dataset(dataset, run / "sft_dataset")
+    log(f"sft: {len(dataset)} rows")
+    return run_sft(model, tokenizer, dataset, run / "sft", config.sft, seed=config.seed, resume=True)
+
+
+def _rl(config: PipelineConfig, env: Any, model: Path, tokenizer: Any, run: Path, log: Log) -> Path:
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.train.rl import run_rl
+
+    final = run / "rl" / "final"
+    if (final / "config.json").exists():
+        log(f"rl: already done ({final})")
+        return final
+
+    def show(record: dict[str, float]) -> None:
+        log(f"rl step {record['step']:>3}/{config.rl.steps}: reward {record['reward']:.3f} "
+            f"success {record['success_rate']:.3f} zero-var groups {record['zero_variance_groups']:.2f} "
+            f"kl {record['kl']:.4f} entropy {record['entropy']:.3f} {record['tokens_per_s']:.0f} tok/s")
+
+    return run_rl(model, tokenizer, resolve_chat_template(tokenizer), env, config.rl, config.rollout, run / "rl",
+                  seed=config.seed, resume=True, on_step=show)
+
+
+def _eval(config: PipelineConfig, env: Any, model: Path, label: str, out: Path) -> EvalReport:
+    settings = config.eval
+    collect_config = _collect_config(
+        config, env, str(model), out / "trajectories.jsonl", split=settings.split, seed=settings.seed,
+        episodes=settings.tasks * settings.samples_per_task, samples_per_task=settings.samples_per_task,
+        temperature=settings.temperature,
+    )
+    summary = collect(collect_config)
+    wanted = {episode.id for episode in plan_episodes(collect_config)}
+    trajectories = [t for t in read_trajectories(collect_config.out) if t.id in wanted]
+    for trajectory in trajectories:  # log every reward component alongside success
+        score(trajectory, config.rl.rewards)
+    report = evaluate_trajectories(trajectories, ks=settings.ks, label=label,
+                                   tokens_per_s=summary["tokens_per_s"] or None)
+    save_report(report, out / "eval.json")
+    return report

@@ -1,0 +1,345 @@
+"""Online multi-turn RL: roll out whole trajectories with the current policy, then a clipped policy-gradient update.
+
+One step, top to bottom:
+1. sample ``tasks_per_step`` train tasks and ``group_size`` rollouts of each with the trajlab engine; the generator
+   wraps the very model being trained, so rollouts are on-policy;
+2. score each trajectory with the weighted reward components (each logged as ``reward/<name>``);
+3. advantages within each task's group (GRPO, Dr.GRPO or RLOO), per trajectory or per turn;
+4. for each minibatch: recompute token logprobs, clipped ratio against the rollout's logprobs, optional KL to the
+   starting policy, loss on model tokens only (``loss_mask``; padding is tracked by ``attention_mask``).
+Runs through accelerate, so the same loop trains on several GPUs (each process rolls out its share of tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import PreTrainedTokenizerBase
+
+from trajlab.chat.parsers import get_parser
+from trajlab.config import RLSettings, RolloutSettings
+from trajlab.env.registry import EnvSpec
+from trajlab.inference.base import SamplingParams
+from trajlab.inference.hf import HFGenerator
+from trajlab.models import load_model
+from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.rewards import score
+from trajlab.rollout.types import Trajectory
+from trajlab.train.advantages import (
+    group_advantages,
+    group_turn_advantages,
+    spread_over_turns,
+    turn_rewards_with_terminal,
+)
+from trajlab.train.sft import lora_config
+
+logger = logging.getLogger(__name__)
+CHECKPOINT = "checkpoint"
+
+
+def run_rl(
+    model_dir: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: str,
+    env: EnvSpec,
+    settings: RLSettings,
+    rollout: RolloutSettings,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    resume: bool = False,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> Path:
+    """Train ``model_dir`` with RL on ``env``'s train tasks; returns ``out_dir/final`` (LoRA merged)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator()
+    set_seed(seed)
+
+    # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
+    policy = load_model(model_dir)
+    if settings.lora:
+        from peft import get_peft_model
+
+        policy = get_peft_model(policy, lora_config(settings.lora))
+    reference = load_model(model_dir) if settings.kl_coef > 0 and not settings.lora else None
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    model = accelerator.unwrap_model(policy)
+    if reference is not None:
+        reference.to(accelerator.device)
+
+    engine = RolloutEngine(
+        env,
+        HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency),
+        tokenizer,
+        chat_template=chat_template,
+        parser=get_parser(rollout.parser, tokenizer),
+        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=settings.temperature),
+        limits=RolloutLimits(max_turns=rollout.max_turns, max_episode_tokens=rollout.max_episode_tokens,
+                             tool_timeout_s=rollout.tool_timeout_s),
+        system_prompt=rollout.system_prompt,
+    )
+    # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
+    token_budget = rollout.max_turns * rollout.max_new_tokens
+
+    start = _resume(accelerator, out_dir) if resume else 0
+    tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
+    metrics_file = (out_dir / "metrics.jsonl").open("a")
+    for step in range(start, settings.steps):
+        # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
+        step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
+        mine = step_tasks[accelerator.process_index :: accelerator.num_processes]
+        episodes = [
+            Episode(f"rl:{step}:{task.get('task_id', i)}:{g}", task, split="train")
+            for i, task in enumerate(mine)
+            for g in range(settings.group_size)
+        ]
+        model.eval()
+        started = time.perf_counter()
+        trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency))
+        rollout_s = time.perf_counter() - started
+
+        # --- 2-3. rewards and advantages, group by group ---
+        rewards = [score(t, settings.rewards) for t in trajectories]
+        token_advantages, zero_variance = _advantages(trajectories, rewards, settings)
+
+        # --- 4. policy-gradient update on model tokens ---
+        model.train()
+        started = time.perf_counter()
+        update = _update(policy, reference, optimizer, accelerator, trajectories, token_advantages, settings,
+                         token_budget, tokenizer.pad_token_id or 0)
+        update_s = time.perf_counter() - started
+
+        record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+        if on_step:
+            on_step(record)
+        if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
+            _checkpoint(accelerator, out_dir, step + 1)
+    metrics_file.close()
+
+    final = out_dir / "final"
+    if accelerator.is_main_process:
+        trained = model.merge_and_unload() if settings.lora else model
+        trained.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _task_stream(env: EnvSpec, seed: int, skip: int) -> Iterator[dict[str, Any]]:
+    """Train tasks in a fixed order (cycled), positioned after the tasks earlier steps used."""
+    stream = itertools.cycle(list(itertools.islice(env.iter_tasks("train", seed), 100_000)))
+    return itertools.islice(stream, skip, None)
+
+
+def _advantages(
+    trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
+) -> tuple[list[list[float]], float]:
+    """Token advantages per trajectory, and the share of groups whose rewards were all equal (no signal)."""
+    groups: dict[str, list[int]] = {}
+    for index, trajectory in enumerate(trajectories):
+        groups.setdefault(trajectory.id.rsplit(":", 1)[0], []).append(index)
+    out: list[list[float]] = [[] for _ in trajectories]
+    flat = 0
+    dense_weight = settings.rewards.get("progress", 0.0)
+    for members in groups.values():
+        group_rewards = torch.tensor([rewards[i] for i in members])
+        flat += bool(torch.all(group_rewards == group_rewards[0]))
+        if settings.credit == "trajectory" or len(members) < 2:
+            values = group_advantages(group_rewards, settings.estimator) if len(members) > 1 else [0.0]
+            for i, value in zip(members, torch.as_tensor(values).tolist(), strict=True):
+                mask = trajectories[i].tokens.loss_mask if trajectories[i].tokens else []
+                out[i] = [value * bit for bit in mask]
+            continue
+        per_turn = [
+            turn_rewards_with_terminal(trajectories[i].turn_rewards or [], rewards[i], dense_weight) for i in members
+        ]
+        for i, turn_values in zip(members, group_turn_advantages(per_turn, settings.estimator), strict=True):
+            mask = trajectories[i].tokens.loss_mask if trajectories[i].tokens else []
+            out[i] = spread_over_turns(mask, turn_values)
+    return out, flat / max(1, len(groups))
+
+
+def _update(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    accelerator: Accelerator,
+    trajectories: list[Trajectory],
+    token_advantages: list[list[float]],
+    settings: RLSettings,
+    token_budget: int,
+    pad_id: int,
+) -> dict[str, float]:
+    usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
+    if not usable:
+        return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
+    totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
+    updates = 0
+    for _ in range(settings.epochs_per_step):
+        order = torch.randperm(len(usable)).tolist()
+        for start in range(0, len(order), settings.minibatch_size):
+            chosen = [usable[j] for j in order[start : start + settings.minibatch_size]]
+            batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
+                          accelerator.device)
+            stats = _policy_loss(policy, reference, batch, settings, token_budget)
+            accelerator.backward(stats.pop("loss_tensor"))
+            accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+            for key in totals:
+                totals[key] += stats[key]
+            updates += 1
+    return {key: value / updates for key, value in totals.items()} | {"trained_sequences": len(usable)}
+
+
+def _pack(
+    trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Right-padded (B, T) tensors; padding is marked in attention_mask, never inferred from token ids."""
+    rows = []
+    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+        tokens = trajectory.tokens
+        prompt = len(tokens.prompt_ids)
+        rows.append((
+            tokens.prompt_ids + tokens.completion_ids,
+            [0] * prompt + tokens.loss_mask,
+            [0.0] * prompt + [lp if lp is not None else 0.0 for lp in tokens.logprobs],
+            [0.0] * prompt + advantage,
+        ))
+    width = max(len(row[0]) for row in rows)
+
+    def column(index: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([row[index] + [fill] * (width - len(row[index])) for row in rows], dtype=dtype,
+                            device=device)
+
+    attention = torch.tensor([[1] * len(row[0]) + [0] * (width - len(row[0])) for row in rows], device=device)
+    return {
+        "input_ids": column(0, pad_id, torch.long),
+        "attention_mask": attention,
+        "loss_mask": column(1, 0, torch.float32),
+        "old_logprobs": column(2, 0.0, torch.float32),
+        "advantages": column(3, 0.0, torch.float32),
+    }
+
+
+def _policy_loss(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    batch: dict[str, torch.Tensor],
+    settings: RLSettings,
+    token_budget: int,
+) -> dict[str, Any]:
+    input_ids, attention = batch["input_ids"], batch["attention_mask"]  # (B, T)
+    targets = input_ids[:, 1:]  # position t predicts token t+1
+    mask = batch["loss_mask"][:, 1:]  # (B, T-1): model tokens only
+    old = batch["old_logprobs"][:, 1:]
+    advantages = batch["advantages"][:, 1:]
+
+    logits = policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+    logits = logits / settings.temperature  # the distribution the rollout sampled from
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+
+    ratio = torch.exp(logprobs - old)
+    clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+
+    kl = torch.zeros_like(per_token)
+    if settings.kl_coef > 0:
+        with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
+            ref_model = policy if reference is None else reference
+            ref_logits = ref_model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+            ref_logprobs = torch.log_softmax(ref_logits / settings.temperature, -1).gather(
+                -1, targets.unsqueeze(-1)).squeeze(-1)
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
+        per_token = per_token + settings.kl_coef * kl
+
+    tokens_per_seq = mask.sum(-1).clamp(min=1)
+    if settings.estimator == "grpo":  # mean over each sequence's tokens, then over sequences
+        loss = ((per_token * mask).sum(-1) / tokens_per_seq).mean()
+    elif settings.estimator == "dr_grpo":  # token sum over a constant budget: no length bias
+        loss = (per_token * mask).sum() / (mask.shape[0] * token_budget)
+    else:  # rloo: mean over all model tokens of the minibatch
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        n = mask.sum().clamp(min=1)
+        clip_fraction = (((ratio - 1).abs() > settings.clip_eps).float() * mask).sum() / n
+        stats = {
+            "loss": loss.item(),
+            "kl": ((kl * mask).sum() / n).item(),
+            "entropy": ((entropy * mask).sum() / n).item(),
+            "clip_fraction": clip_fraction.item(),
+        }
+    return stats | {"loss_tensor": loss}
+
+
+def _step_metrics(
+    step: int,
+    trajectories: list[Trajectory],
+    rewards: list[float],
+    zero_variance: float,
+    rollout_s: float,
+    update_s: float,
+) -> dict[str, float]:
+    n = len(trajectories)
+    calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
+    turns = sum(t.metrics.get("turns", 0.0) for t in trajectories)
+    generated = sum(t.metrics.get("model_tokens", 0.0) for t in trajectories)
+    record = {
+        "step": step + 1,
+        "reward": sum(rewards) / n,
+        "success_rate": sum(t.status == "success" for t in trajectories) / n,
+        "tool_error_rate": sum(t.metrics.get("tool_errors", 0.0) for t in trajectories) / calls if calls else 0.0,
+        "parse_error_rate": sum(t.metrics.get("parse_errors", 0.0) for t in trajectories) / turns if turns else 0.0,
+        "mean_turns": turns / n,
+        "zero_variance_groups": zero_variance,
+        "tokens_per_s": generated / rollout_s if rollout_s else 0.0,
+        "rollout_s": rollout_s,
+        "update_s": update_s,
+    }
+    for key in sorted({k for t in trajectories for k in t.metrics if k.startswith("reward/")}):
+        record[key] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
+    if not math.isfinite(record["reward"]):
+        raise FloatingPointError(f"non-finite reward at step {step + 1}")
+    return record
+
+
+def _checkpoint(accelerator: Accelerator, out_dir: Path, step: int) -> None:
+    """Write the state to a temp dir, then swap it in: a crash mid-save never destroys the last checkpoint."""
+    final, partial = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.partial"
+    accelerator.save_state(str(partial))
+    if accelerator.is_main_process:
+        (partial / "trajlab_state.json").write_text(json.dumps({"step": step}))
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+    accelerator.wait_for_everyone()
+
+
+def _resume(accelerator: Accelerator, out_dir: Path) -> int:
+    checkpoint = out_dir / CHECKPOINT
+    if not (checkpoint / "trajlab_state.json").exists():
+        logger.warning("No RL checkpoint in %s: starting from step 0.", out_dir)
+        return 0
+    accelerator.load_state(str(checkpoint))
+    return json.loads((checkpoint / "trajlab_state.json").read_text())["step"]
