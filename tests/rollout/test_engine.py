@@ -116,7 +116,8 @@ def test_errors_become_observations_and_the_episode_goes_on(tiny_tokenizer, tiny
     assert "missing required argument 'b'" in observations[2]
     assert "Expected add(a: integer, b: integer)" in observations[2]
     assert "unknown tool 'nope'" in observations[3] and "add, boom, finish, slow" in observations[3]
-    assert "could not be parsed" in observations[4]
+    assert observations[4].startswith("Nothing in your last turn was executed. ")
+    assert "not valid JSON" in observations[4]
     assert observations[5] == "5"
     check_tokens(trajectory, tiny_tokenizer, tiny_template)
 

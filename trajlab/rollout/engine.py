@@ -215,9 +215,7 @@ class RolloutEngine:
         if parsed.errors:
             state.counters["parse_errors"] += len(parsed.errors)
             note = "\n".join(parsed.errors)
-            new_messages.append(
-                {"role": "user", "content": f"Your tool call could not be parsed, so nothing was executed.\n{note}"}
-            )
+            new_messages.append({"role": "user", "content": f"Nothing in your last turn was executed. {note}"})
         return new_messages
 
     def _record(self, state: _EpisodeState) -> Trajectory:

@@ -192,10 +192,14 @@ def _update(
         return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     updates = 0
+    # Minibatches of similar lengths waste little compute on padding; their order is shuffled each epoch.
+    size = settings.minibatch_size
+    lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
+    by_length = sorted(usable, key=lengths.__getitem__)
+    minibatches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
     for _ in range(settings.epochs_per_step):
-        order = torch.randperm(len(usable)).tolist()
-        for start in range(0, len(order), settings.minibatch_size):
-            chosen = [usable[j] for j in order[start : start + settings.minibatch_size]]
+        for index in torch.randperm(len(minibatches)).tolist():
+            chosen = minibatches[index]
             batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
                           accelerator.device)
             stats = _policy_loss(policy, reference, batch, settings, token_budget)
@@ -339,7 +343,7 @@ def _checkpoint(accelerator: Accelerator, out_dir: Path, step: int) -> None:
 def _resume(accelerator: Accelerator, out_dir: Path) -> int:
     checkpoint = out_dir / CHECKPOINT
     if not (checkpoint / "trajlab_state.json").exists():
-        logger.warning("No RL checkpoint in %s: starting from step 0.", out_dir)
+        logger.info("No RL checkpoint in %s: starting from step 0.", out_dir)
         return 0
     accelerator.load_state(str(checkpoint))
     return json.loads((checkpoint / "trajlab_state.json").read_text())["step"]

@@ -90,7 +90,7 @@ def run_sft(
     )
     checkpoint = get_last_checkpoint(str(out_dir)) if resume and out_dir.is_dir() else None
     if resume and checkpoint is None:
-        logger.warning("No checkpoint in %s: starting SFT from the beginning.", out_dir)
+        logger.info("No checkpoint in %s: starting SFT from the beginning.", out_dir)
     trainer.train(resume_from_checkpoint=checkpoint)
     trained = trainer.model
     if settings.lora:
