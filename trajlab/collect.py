@@ -19,6 +19,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.registry import EnvSpec, read_tasks_file
+from trajlab.evaluate import evaluate_trajectories
 from trajlab.inference.base import Generator, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
@@ -126,28 +127,9 @@ def collect(
         new = asyncio.run(engine.run(todo, concurrency=config.concurrency, on_result=save))
         elapsed = time.perf_counter() - started
     wanted = {episode.id for episode in episodes}
-    trajectories = [t for t in read_trajectories(config.out) if t.id in wanted]
-    summary = summarize(trajectories)
+    report = evaluate_trajectories([t for t in read_trajectories(config.out) if t.id in wanted])
+    summary: dict[str, Any] = report.model_dump(include={"episodes", "success_rate", "mean_reward", "mean_turns",
+                                                         "tool_error_rate", "parse_error_rate", "statuses"})
     summary["resumed_from"] = len(episodes) - len(todo)
     summary["tokens_per_s"] = sum(t.metrics.get("model_tokens", 0.0) for t in new) / elapsed if new else 0.0
     return summary
-
-
-def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
-    """Episode counts and rates: success, mean turns, tool-error and parse-error rates (per tool call / turn)."""
-    n = len(trajectories)
-    if n == 0:
-        return {"episodes": 0}
-    total = {key: sum(t.metrics.get(key, 0.0) for t in trajectories)
-             for key in ("turns", "tool_calls", "tool_errors", "parse_errors")}
-    statuses = {status: sum(t.status == status for t in trajectories)
-                for status in ("success", "failure", "truncated", "error")}
-    return {
-        "episodes": n,
-        "success_rate": statuses["success"] / n,
-        "mean_reward": sum(t.reward for t in trajectories) / n,
-        "mean_turns": total["turns"] / n,
-        "tool_error_rate": total["tool_errors"] / total["tool_calls"] if total["tool_calls"] else 0.0,
-        "parse_error_rate": total["parse_errors"] / total["turns"] if total["turns"] else 0.0,
-        "statuses": statuses,
-    }
