@@ -408,6 +408,16 @@ def comparison_table(comparison: dict[str, Any], *, max_tasks: int = 20) -> Tabl
     return table
 
 
+SHORT_HEADERS = {
+    "success_rate": "success",
+    "mean_reward": "reward",
+    "mean_turns": "turns",
+    "tool_error_rate": "tool err",
+    "parse_error_rate": "parse err",
+    "tokens_per_s": "tok/s",
+}
+
+
 def results_table(
     reports: Sequence[EvalReport],
     metrics: Sequence[str] = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate"),
@@ -422,7 +432,10 @@ def results_table(
     for name in metrics:
         check_metric_name(name)
     columns = [name for name in metrics if name != "episodes"]
-    table = Table("run", "episodes", *columns, title=title)
+    # Short headers keep the table readable in an 80-column terminal; the caption maps them to metric names.
+    headers = [SHORT_HEADERS.get(name, name.removeprefix(REWARD_PREFIX)) for name in columns]
+    caption = ", ".join(f"{h} = {n}" for h, n in zip(headers, columns, strict=True) if h != n)
+    table = Table("run", "n", *headers, title=title, caption=caption or None)
     for report in reports:
         table.add_row(escape(report.label or "-"), str(report.episodes),
                       *(_fmt(name, metric_value(report, name)) for name in columns))
