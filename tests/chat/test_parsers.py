@@ -1,16 +1,12 @@
 """Tests for trajlab.chat.parsers: well-formed calls, helpful errors for malformed ones, and `parse` never raising."""
 
 import json
-from pathlib import Path
 
 import pytest
-import trl
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-from trl.chat_template_utils import add_response_schema
 
+from tests.chat.families import family_tokenizer
 from trajlab.chat.parsers import (
     HermesParser,
     Llama3Parser,
@@ -21,45 +17,20 @@ from trajlab.chat.parsers import (
     register_parser,
 )
 
-TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-LLAMA_SPECIALS = [
-    "<|begin_of_text|>",
-    "<|eot_id|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|python_tag|>",
-    "<|eom_id|>",
-]
-
-
-def make_tokenizer(template: str, specials: list[str], eos: str) -> PreTrainedTokenizerFast:
-    """An offline byte-level BPE tokenizer carrying one of TRL's real chat templates and its response template."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    bpe.train_from_iterator(['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}'], trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=specials[0], eos_token=eos, pad_token=eos)
-    tok.chat_template = (TEMPLATES / template).read_text(encoding="utf-8")
-    return add_response_schema(tok)
-
 
 @pytest.fixture(scope="module")
 def qwen3():
-    return make_tokenizer("qwen3.jinja", QWEN_SPECIALS, "<|im_end|>")
+    return family_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="module")
 def qwen2_5():
-    return make_tokenizer("qwen2_5.jinja", QWEN_SPECIALS, "<|im_end|>")
+    return family_tokenizer("qwen2_5")
 
 
 @pytest.fixture(scope="module")
 def llama3():
-    return make_tokenizer("llama3_1.jinja", LLAMA_SPECIALS, "<|eot_id|>")
+    return family_tokenizer("llama3_1")
 
 
 def assistant_turn(tok, calls: list[ToolCall], content: str = "", **extra) -> tuple[str, str]:

@@ -6,12 +6,10 @@ the template renders for its turn, so the whole episode must decode to the templ
 """
 
 import asyncio
-from pathlib import Path
 
 import pytest
-import trl
-from trl.chat_template_utils import add_response_schema
 
+from tests.chat.families import FAMILIES, TEMPLATES, family_tokenizer
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import (
     ChatTemplate,
@@ -22,19 +20,7 @@ from trajlab.chat.template import (
 from trajlab.env import Environment, tool_call_message
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import build_offline_tokenizer
 from trajlab.rollout.engine import Episode, RolloutEngine
-
-TEMPLATES = Path(trl.__file__).parent / "chat_templates"
-CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-LLAMA = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-         "<|python_tag|>", "<|finetune_right_pad_id|>"]
-FAMILIES = {  # name: (template file, special tokens, eos, end-of-turn texts the model emits)
-    "qwen2_5": ("qwen2_5.jinja", CHATML, "<|im_end|>", ("<|im_end|>",)),
-    "qwen3": ("qwen3.jinja", CHATML, "<|im_end|>", ("<|im_end|>",)),
-    "llama3_1": ("llama3_1.jinja", LLAMA, "<|eot_id|>", ("<|eot_id|>", "<|eom_id|>")),
-}
-CORPUS = ["Look up the words apple and pear. lookup word fruit name arguments parameters Done."] * 50
 
 
 class Dictionary(Environment):
@@ -62,13 +48,6 @@ def scripted_policy(task, messages):
     if calls < 2:
         return tool_call_message("lookup", {"word": ["apple", "pear"][calls]})
     return {"role": "assistant", "content": "Both are fruits."}
-
-
-def family_tokenizer(name):
-    filename, special, eos, _ = FAMILIES[name]
-    tokenizer = build_offline_tokenizer((TEMPLATES / filename).read_text(), special, eos_token=eos,
-                                        vocab_size=600, corpus=CORPUS)
-    return add_response_schema(tokenizer)
 
 
 def run_episode(tokenizer, template):
@@ -108,7 +87,7 @@ def test_episode_tokens_equal_the_template_render(family, tiny_tokenizer):
     if family == "tiny":
         tokenizer, ends = tiny_tokenizer, ("<|im_end|>",)
     else:
-        tokenizer, ends = family_tokenizer(family), FAMILIES[family][3]
+        tokenizer, ends = family_tokenizer(family), FAMILIES[family][4]
     template = resolve_chat_template(tokenizer)  # stock Qwen3 is swapped for its training variant here
     trajectory = run_episode(tokenizer, template)
     assert trajectory.status == "success" and trajectory.metrics["turns"] == 3
@@ -138,7 +117,6 @@ def test_stock_qwen3_rewrites_history_and_is_never_used_silently(caplog):
 
 def test_unknown_unsafe_template_is_refused_even_in_swap_mode():
     # Stock Qwen3 with one edit: no longer recognised by TRL, so no safe variant exists.
-    template = (TEMPLATES / "qwen3.jinja").read_text() + "{#- edited -#}"
-    tokenizer = build_offline_tokenizer(template, CHATML, eos_token="<|im_end|>", vocab_size=600, corpus=CORPUS)
+    tokenizer = family_tokenizer("qwen3", template=(TEMPLATES / "qwen3.jinja").read_text() + "{#- edited -#}")
     with pytest.raises(TemplateNotPrefixPreservingError, match="is not prefix-preserving"):
         resolve_chat_template(tokenizer, on_unsafe="swap")
