@@ -320,9 +320,8 @@ def eval_run(
     """
     if ctx.invoked_subcommand is not None:
         return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
-    from trajlab.collect import CollectConfig, plan_episodes
+    from trajlab.collect import CollectConfig, collected
     from trajlab.collect import collect as run_collect
-    from trajlab.data.store import read_trajectories
     from trajlab.env.registry import load_env, read_tasks_file
     from trajlab.evaluate import evaluate_trajectories, report_table, save_report
     from trajlab.inference.base import SamplingParams
@@ -351,9 +350,8 @@ def eval_run(
                       console=console, transient=True) as progress:
             bar = progress.add_task("eval", total=config.episodes)
             summary = run_collect(config, on_progress=lambda done, total: progress.update(bar, completed=done))
-        wanted = {episode.id for episode in plan_episodes(config)}
         report = evaluate_trajectories(
-            (t for t in read_trajectories(config.out) if t.id in wanted),
+            collected(config),
             ks=ks,
             label=label or ("oracle" if policy == "oracle" else Path(policy).name),
             tokens_per_s=summary["tokens_per_s"] or None,  # None when every episode was already on disk

@@ -80,6 +80,12 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
     return episodes
 
 
+def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> list[Trajectory]:
+    """The stored trajectories of exactly the episodes ``config`` stands for (the file may hold others too)."""
+    wanted = {episode.id for episode in (episodes if episodes is not None else plan_episodes(config))}
+    return [t for t in read_trajectories(config.out) if t.id in wanted]
+
+
 def build_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
     """The generator, its tokenizer and its (prefix-preserving) chat template for a ``--policy`` value."""
     if config.policy == "oracle":
@@ -126,8 +132,7 @@ def collect(
         started = time.perf_counter()
         new = asyncio.run(engine.run(todo, concurrency=config.concurrency, on_result=save))
         elapsed = time.perf_counter() - started
-    wanted = {episode.id for episode in episodes}
-    report = evaluate_trajectories([t for t in read_trajectories(config.out) if t.id in wanted])
+    report = evaluate_trajectories(collected(config, episodes))
     summary: dict[str, Any] = report.model_dump(include={"episodes", "success_rate", "mean_reward", "mean_turns",
                                                          "tool_error_rate", "parse_error_rate", "statuses"})
     summary["resumed_from"] = len(episodes) - len(todo)

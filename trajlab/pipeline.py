@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from trajlab.collect import CollectConfig, collect, plan_episodes
+from trajlab.collect import CollectConfig, collect, collected
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
@@ -122,8 +122,7 @@ def _eval(config: PipelineConfig, env: Any, model: Path, label: str, out: Path) 
         temperature=settings.temperature,
     )
     summary = collect(collect_config)
-    wanted = {episode.id for episode in plan_episodes(collect_config)}
-    trajectories = [t for t in read_trajectories(collect_config.out) if t.id in wanted]
+    trajectories = collected(collect_config)
     for trajectory in trajectories:  # log every reward component alongside success
         score(trajectory, config.rl.rewards)
     report = evaluate_trajectories(trajectories, ks=settings.ks, label=label,

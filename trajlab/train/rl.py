@@ -144,8 +144,7 @@ def run_rl(
 
 def _task_stream(env: EnvSpec, seed: int, skip: int) -> Iterator[dict[str, Any]]:
     """Train tasks in a fixed order (cycled), positioned after the tasks earlier steps used."""
-    stream = itertools.cycle(list(itertools.islice(env.iter_tasks("train", seed), 100_000)))
-    return itertools.islice(stream, skip, None)
+    return itertools.islice(itertools.cycle(env.iter_tasks("train", seed)), skip, None)
 
 
 def _advantages(
@@ -162,8 +161,8 @@ def _advantages(
         group_rewards = torch.tensor([rewards[i] for i in members])
         flat += bool(torch.all(group_rewards == group_rewards[0]))
         if settings.credit == "trajectory" or len(members) < 2:
-            values = group_advantages(group_rewards, settings.estimator) if len(members) > 1 else [0.0]
-            for i, value in zip(members, torch.as_tensor(values).tolist(), strict=True):
+            values = group_advantages(group_rewards, settings.estimator).tolist() if len(members) > 1 else [0.0]
+            for i, value in zip(members, values, strict=True):
                 mask = trajectories[i].tokens.loss_mask if trajectories[i].tokens else []
                 out[i] = [value * bit for bit in mask]
             continue

@@ -24,7 +24,7 @@ class Arithmetic(Environment):
 
     def reset(self, **task: Any) -> str:
         super().reset()
-        self.task = task
+        self.plan = solution(task)
         self.answer = int(task["answer"])
         self.solved_steps = 0
         self.turn_rewards = []
@@ -77,11 +77,10 @@ class Arithmetic(Environment):
 
     def _score_step(self, name: str, arguments: dict[str, int]) -> None:
         """Per-call reward: 1/3 for each call that is the next step of the reference solution."""
-        plan = solution(self.task)
-        correct = self.solved_steps < len(plan) and plan[self.solved_steps] == (name, arguments)
+        correct = self.solved_steps < len(self.plan) and self.plan[self.solved_steps] == (name, arguments)
         self.solved_steps += correct
-        self.turn_rewards.append(1 / len(plan) if correct else 0.0)
-        self.metrics["progress"] = self.solved_steps / len(plan)
+        self.turn_rewards.append(1 / len(self.plan) if correct else 0.0)
+        self.metrics["progress"] = self.solved_steps / len(self.plan)
 
 
 APPLY = {"add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y}
