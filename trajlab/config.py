@@ -89,7 +89,12 @@ class RLSettings(Section):
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the starting policy (0: no reference model is kept)."""
     epochs_per_step: int = Field(1, ge=1)
-    minibatch_size: int = Field(16, ge=1)
+    minibatch_size: int | None = Field(None, ge=1)
+    """Rollouts per optimizer step (None: the whole step's batch, one optimizer step per epoch)."""
+    micro_batch_size: int = Field(16, ge=1)
+    """Rollouts per forward/backward pass; gradients accumulate up to ``minibatch_size`` (a memory knob only)."""
+    warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
     max_grad_norm: float = Field(1.0, gt=0)
     save_steps: int = Field(10, ge=1)
     lora: LoraSettings | None = None

@@ -9,7 +9,7 @@ from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.env import load_env
 from trajlab.models import load_model, load_tokenizer
 from trajlab.rollout.types import TokenRecord, Trajectory
-from trajlab.train.rl import _pack, _policy_loss, run_rl
+from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, run_rl
 
 
 def trajectory_with_model_logprobs(model, tokenizer, loss_mask):
@@ -41,7 +41,7 @@ def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_
         batch = _pack([trajectory], [[sign * bit for bit in mask]], tiny_tokenizer.pad_token_id, torch.device("cpu"))
         before = masked_logprob(model, batch)
         model.train()
-        stats = _policy_loss(model, None, batch, settings, token_budget=64)
+        stats = _policy_loss(model, None, batch, settings, normaliser=1.0)
         assert abs(stats["clip_fraction"]) < 1e-6, "rollout logprobs equal the policy's: ratio is 1"
         stats["loss_tensor"].backward()
         torch.optim.SGD(model.parameters(), lr=0.05).step()
@@ -56,7 +56,7 @@ def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_
         advantages = [1.0 if bit else noise for bit in mask]
         batch = _pack([trajectory], [advantages], tiny_tokenizer.pad_token_id, torch.device("cpu"))
         model.zero_grad()
-        _policy_loss(model, None, batch, settings, token_budget=64)["loss_tensor"].backward()
+        _policy_loss(model, None, batch, settings, normaliser=1.0)["loss_tensor"].backward()
         grads.append(model.model.embed_tokens.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1])
 
@@ -70,6 +70,29 @@ def test_padding_is_marked_by_attention_mask_even_when_pad_is_a_real_token(tiny_
     lengths = [len(t.tokens.prompt_ids) + len(t.tokens.completion_ids) for t in (short, long)]
     assert batch["attention_mask"].sum(-1).tolist() == lengths
     assert batch["loss_mask"].sum(-1).tolist() == [2, 5]
+
+
+def test_micro_batches_accumulate_to_the_gradient_of_one_batch(tiny_model_dir, tiny_tokenizer):
+    """Micro-batches differ in width and in where completions start; their summed gradients must not."""
+    model = load_model(tiny_model_dir)
+    masks = [[1, 1], [1, 1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1]]
+    trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+    trajectories[1].tokens.prompt_ids = trajectories[1].tokens.prompt_ids[3:]  # a shorter prompt
+    advantages = [[(-1.0) ** i * 0.5 * bit for bit in mask] for i, mask in enumerate(masks)]
+    pad = tiny_tokenizer.pad_token_id
+    for estimator in ("grpo", "dr_grpo", "rloo"):
+        settings = RLSettings(estimator=estimator)
+        normaliser = _loss_normaliser(trajectories, estimator, token_budget=16)
+        grads = []
+        for size in (4, 1):
+            model.zero_grad()
+            for first in range(0, 4, size):
+                batch = _pack(trajectories[first : first + size], advantages[first : first + size], pad,
+                              torch.device("cpu"))
+                _policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        assert grads[0].abs().sum() > 0
+        assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), estimator
 
 
 def tiny_settings(**overrides):

@@ -28,7 +28,10 @@ class HFGenerator:
         model: the policy, in eval mode.
         tokenizer: its tokenizer (used for the pad id only; generation works on ids).
         max_batch_size: the most turns generated together.
-        batch_wait_s: how long to wait for more requests before starting a batch that is not full.
+        batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
+        max_wait_s: ...or once this long has passed since its first request. Episodes resume one after another
+            after a batch (parse, run tools, render the observation), so their next turns trickle in; waiting for
+            a quiet moment gathers them into one ``generate`` call instead of several small ones.
     """
 
     def __init__(
@@ -37,13 +40,15 @@ class HFGenerator:
         tokenizer: PreTrainedTokenizerBase,
         *,
         max_batch_size: int = 32,
-        batch_wait_s: float = 0.002,
+        batch_wait_s: float = 0.01,
+        max_wait_s: float = 0.1,
         name: str = "hf",
     ) -> None:
         self.model = model
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.max_wait_s = max_wait_s
         self.name = name
         self._queue: list[_Pending] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -67,9 +72,7 @@ class HFGenerator:
     async def _serve(self) -> None:
         while True:
             await self._wakeup.wait()
-            self._wakeup.clear()
-            # Give other episodes a moment to finish their tool calls and join this batch.
-            await asyncio.sleep(self.batch_wait_s)
+            await self._gather_stragglers()
             while self._queue:
                 batch = self._take_batch()
                 try:
@@ -82,6 +85,18 @@ class HFGenerator:
                 for pending, result in zip(batch, results, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(result)
+
+    async def _gather_stragglers(self) -> None:
+        """Wait until the batch is full, no request came for ``batch_wait_s``, or ``max_wait_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        while len(self._queue) < self.max_batch_size and loop.time() < deadline:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), min(self.batch_wait_s, deadline - loop.time()))
+            except TimeoutError:
+                break
+        self._wakeup.clear()
 
     def _take_batch(self) -> list[_Pending]:
         key = _batch_key(self._queue[0].request.params)

@@ -5,8 +5,9 @@ One step, top to bottom:
    wraps the very model being trained, so rollouts are on-policy;
 2. score each trajectory with the weighted reward components (each logged as ``reward/<name>``);
 3. advantages within each task's group (GRPO, Dr.GRPO or RLOO), per trajectory or per turn;
-4. for each minibatch: recompute token logprobs, clipped ratio against the rollout's logprobs, optional KL to the
-   starting policy, loss on model tokens only (``loss_mask``; padding is tracked by ``attention_mask``).
+4. one optimizer step per minibatch (by default the whole batch), accumulated over micro-batches: recompute token
+   logprobs, clipped ratio against the rollout's logprobs, optional KL to the starting policy, loss on model tokens
+   only (``loss_mask``; padding is tracked by ``attention_mask``).
 Runs through accelerate, so the same loop trains on several GPUs (each process rolls out its share of tasks).
 """
 
@@ -77,14 +78,17 @@ def run_rl(
         policy = get_peft_model(policy, lora_config(settings.lora))
     reference = load_model(model_dir) if settings.kl_coef > 0 and not settings.lora else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
+    warmup = settings.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: min(1.0, (done + 1) / (warmup + 1)))
+    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
     model = accelerator.unwrap_model(policy)
     if reference is not None:
         reference.to(accelerator.device)
 
+    generator = HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
     engine = RolloutEngine(
         env,
-        HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency),
+        generator,
         tokenizer,
         chat_template=chat_template,
         parser=get_parser(rollout.parser, tokenizer),
@@ -109,9 +113,10 @@ def run_rl(
             for g in range(settings.group_size)
         ]
         model.eval()
-        started = time.perf_counter()
+        started, calls_before = time.perf_counter(), generator.batches
         trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency))
         rollout_s = time.perf_counter() - started
+        generate_calls = generator.batches - calls_before
 
         # --- 2-3. rewards and advantages, group by group ---
         rewards = [score(t, settings.rewards) for t in trajectories]
@@ -120,11 +125,12 @@ def run_rl(
         # --- 4. policy-gradient update on model tokens ---
         model.train()
         started = time.perf_counter()
-        update = _update(policy, reference, optimizer, accelerator, trajectories, token_advantages, settings,
-                         token_budget, tokenizer.pad_token_id or 0)
+        update = _update(policy, reference, optimizer, scheduler, accelerator, trajectories, token_advantages,
+                         settings, token_budget, tokenizer.pad_token_id or 0)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
+        record["generate_calls"] = generate_calls
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
         if on_step:
@@ -179,6 +185,7 @@ def _update(
     policy: torch.nn.Module,
     reference: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
     accelerator: Accelerator,
     trajectories: list[Trajectory],
     token_advantages: list[list[float]],
@@ -190,32 +197,54 @@ def _update(
     if not usable:
         return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
-    updates = 0
-    # Minibatches of similar lengths waste little compute on padding; their order is shuffled each epoch.
-    size = settings.minibatch_size
+    passes = steps = 0
     lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
-    by_length = sorted(usable, key=lengths.__getitem__)
-    minibatches = [by_length[start : start + size] for start in range(0, len(by_length), size)]
+    per_step = settings.minibatch_size or len(usable)
     for _ in range(settings.epochs_per_step):
-        for index in torch.randperm(len(minibatches)).tolist():
-            chosen = minibatches[index]
-            batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
-                          accelerator.device)
-            stats = _policy_loss(policy, reference, batch, settings, token_budget)
-            accelerator.backward(stats.pop("loss_tensor"))
+        order = [usable[i] for i in torch.randperm(len(usable)).tolist()]
+        for start in range(0, len(order), per_step):
+            # One optimizer step per minibatch; its micro-batches hold similar lengths to waste little on padding.
+            minibatch = sorted(order[start : start + per_step], key=lengths.__getitem__)
+            normaliser = _loss_normaliser([trajectories[i] for i in minibatch], settings.estimator, token_budget)
+            for first in range(0, len(minibatch), settings.micro_batch_size):
+                chosen = minibatch[first : first + settings.micro_batch_size]
+                batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
+                              accelerator.device)
+                stats = _policy_loss(policy, reference, batch, settings, normaliser)
+                accelerator.backward(stats.pop("loss_tensor"))
+                for key in totals:
+                    totals[key] += stats[key]
+                passes += 1
             accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
             optimizer.step()
+            scheduler.step()
             optimizer.zero_grad()
-            for key in totals:
-                totals[key] += stats[key]
-            updates += 1
-    return {key: value / updates for key, value in totals.items()} | {"trained_sequences": len(usable)}
+            steps += 1
+    # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
+    return ({key: value / passes for key, value in totals.items()} | {"loss": totals["loss"] / steps,
+            "trained_sequences": len(usable)})
+
+
+def _loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
+    """What a minibatch's summed loss is divided by, so accumulating micro-batches equals one big batch.
+
+    grpo sums per-sequence token means (divide by sequences); dr_grpo divides the token sum by a constant budget per
+    sequence (no length bias); rloo averages over every model token of the minibatch.
+    """
+    if estimator == "grpo":
+        return float(len(trajectories))
+    if estimator == "dr_grpo":
+        return float(len(trajectories) * token_budget)
+    return float(max(1, sum(sum(t.tokens.loss_mask) for t in trajectories)))
 
 
 def _pack(
     trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    """Right-padded (B, T) tensors; padding is marked in attention_mask, never inferred from token ids."""
+    """Right-padded (B, T) tensors; padding is marked in attention_mask, never inferred from token ids.
+
+    ``completion_start`` is the shortest prompt: no position before it carries loss, so no logits are needed there.
+    """
     rows = []
     for trajectory, advantage in zip(trajectories, advantages, strict=True):
         tokens = trajectory.tokens
@@ -239,26 +268,38 @@ def _pack(
         "loss_mask": column(1, 0, torch.float32),
         "old_logprobs": column(2, 0.0, torch.float32),
         "advantages": column(3, 0.0, torch.float32),
+        "completion_start": min(len(t.tokens.prompt_ids) for t in trajectories),
     }
+
+
+def _token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float
+) -> torch.Tensor:
+    """Log-probabilities (B, T - start, V) of the tokens from ``start`` on, at the sampling temperature.
+
+    Logits are computed only for those positions (``logits_to_keep``): the prompt needs none, and the lm_head over
+    the full vocabulary is the costliest layer of a small model.
+    """
+    keep = input_ids.shape[1] - start + 1  # position t predicts token t + 1
+    logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float()
+    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 def _policy_loss(
     policy: torch.nn.Module,
     reference: torch.nn.Module | None,
-    batch: dict[str, torch.Tensor],
+    batch: dict[str, Any],
     settings: RLSettings,
-    token_budget: int,
+    normaliser: float,
 ) -> dict[str, Any]:
-    input_ids, attention = batch["input_ids"], batch["attention_mask"]  # (B, T)
-    targets = input_ids[:, 1:]  # position t predicts token t+1
-    mask = batch["loss_mask"][:, 1:]  # (B, T-1): model tokens only
-    old = batch["old_logprobs"][:, 1:]
-    advantages = batch["advantages"][:, 1:]
+    input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
+    targets = input_ids[:, start:].unsqueeze(-1)  # (B, L, 1): the tokens that can carry loss
+    mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
+    old = batch["old_logprobs"][:, start:]
+    advantages = batch["advantages"][:, start:]
 
-    logits = policy(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
-    logits = logits / settings.temperature  # the distribution the rollout sampled from
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    log_probs = _token_logprobs(policy, input_ids, attention, start, settings.temperature)  # (B, L, V)
+    logprobs = log_probs.gather(-1, targets).squeeze(-1)  # (B, L)
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
@@ -268,20 +309,16 @@ def _policy_loss(
     if settings.kl_coef > 0:
         with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
             ref_model = policy if reference is None else reference
-            ref_logits = ref_model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
-            ref_logprobs = torch.log_softmax(ref_logits / settings.temperature, -1).gather(
-                -1, targets.unsqueeze(-1)).squeeze(-1)
+            ref_logprobs = _token_logprobs(ref_model, input_ids, attention, start, settings.temperature)
+            ref_logprobs = ref_logprobs.gather(-1, targets).squeeze(-1)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
         per_token = per_token + settings.kl_coef * kl
 
-    tokens_per_seq = mask.sum(-1).clamp(min=1)
-    if settings.estimator == "grpo":  # mean over each sequence's tokens, then over sequences
-        loss = ((per_token * mask).sum(-1) / tokens_per_seq).mean()
-    elif settings.estimator == "dr_grpo":  # token sum over a constant budget: no length bias
-        loss = (per_token * mask).sum() / (mask.shape[0] * token_budget)
-    else:  # rloo: mean over all model tokens of the minibatch
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    if settings.estimator == "grpo":  # each sequence's token mean; the normaliser counts sequences
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / normaliser
+    else:  # dr_grpo and rloo: a token sum over a constant (dr_grpo) or the minibatch's token count (rloo)
+        loss = (per_token * mask).sum() / normaliser
 
     with torch.no_grad():
         entropy = -(log_probs.exp() * log_probs).sum(-1)
