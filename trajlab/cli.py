@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from trajlab.collect import CollectConfig
 
 app = typer.Typer(help="Post-train LLMs to use tools across many turns.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -22,6 +25,21 @@ console = Console()
 def _fail(message: str) -> typer.Exit:
     console.print(f"[bold red]error:[/] {message}")
     return typer.Exit(code=2)
+
+
+# Rollout options shared by `collect` and `eval`; each command sets its own defaults.
+Split = Annotated[str, typer.Option(help="Task split: train or test.")]
+Seed = Annotated[int, typer.Option(help="Task order seed.")]
+TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")]
+OracleTokenizer = Annotated[str | None, typer.Option(help="Tokenizer for the oracle policy (default: tiny).")]
+Parser = Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")]
+Concurrency = Annotated[int, typer.Option(min=1, help="Episodes run at once.")]
+MaxTurns = Annotated[int, typer.Option(min=1, help="Model turns per episode.")]
+MaxEpisodeTokens = Annotated[int, typer.Option(min=1, help="Prompt + completion tokens per episode.")]
+MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")]
+Temperature = Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")]
+ToolTimeout = Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")]
+SystemPrompt = Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")]
 
 
 @app.command()
@@ -71,45 +89,62 @@ def collect(
     policy: Annotated[str, typer.Option(help="'oracle' (the env's reference policy) or a model directory.")],
     episodes: Annotated[int, typer.Option(min=1, help="Number of episodes the output file should hold.")],
     out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
-    split: Annotated[str, typer.Option(help="Task split: train or test.")] = "train",
-    seed: Annotated[int, typer.Option(help="Task order seed.")] = 0,
+    split: Split = "train",
+    seed: Seed = 0,
     samples_per_task: Annotated[int, typer.Option(min=1, help="Episodes per task (e.g. for pass@k).")] = 1,
-    tasks: Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer for oracle demonstrations (default: tiny).")] = None,
-    parser: Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")] = "auto",
-    concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 8,
-    max_turns: Annotated[int, typer.Option(min=1, help="Model turns per episode.")] = 8,
-    max_episode_tokens: Annotated[int, typer.Option(min=1, help="Prompt + completion tokens per episode.")] = 2048,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = 1.0,
-    tool_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")] = 10.0,
-    system_prompt: Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")] = None,
+    tasks: TasksFile = None,
+    tokenizer: OracleTokenizer = None,
+    parser: Parser = "auto",
+    concurrency: Concurrency = 8,
+    max_turns: MaxTurns = 8,
+    max_episode_tokens: MaxEpisodeTokens = 2048,
+    max_new_tokens: MaxNewTokens = 128,
+    temperature: Temperature = 1.0,
+    tool_timeout: ToolTimeout = 10.0,
+    system_prompt: SystemPrompt = None,
 ):
     """Roll out a policy on an env and append the trajectories to OUT, then print a summary."""
+    try:
+        config = _collect_config(
+            env, policy, episodes, out, split=split, seed=seed, samples_per_task=samples_per_task, tasks=tasks,
+            tokenizer=tokenizer, parser=parser, concurrency=concurrency, max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
+            tool_timeout=tool_timeout, system_prompt=system_prompt,
+        )
+        summary = _collect_with_progress(config, "collect")
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    _print_summary(summary, out)
+
+
+def _collect_config(
+    env: str, policy: str, episodes: int, out: Path, *, max_new_tokens: int, temperature: float, max_turns: int,
+    max_episode_tokens: int, tool_timeout: float, tasks: Path | None, **options,
+) -> CollectConfig:
+    """The CollectConfig behind `collect` and `eval`; ValueError names a bad option."""
     from trajlab.collect import CollectConfig
-    from trajlab.collect import collect as run_collect
     from trajlab.env.registry import load_env
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 
-    try:
-        config = CollectConfig(
-            env=load_env(env), policy=policy, episodes=episodes, out=out, split=split, seed=seed,
-            samples_per_task=samples_per_task, tasks_file=tasks, tokenizer=tokenizer, parser=parser,
-            concurrency=concurrency, system_prompt=system_prompt,
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-            limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                                 tool_timeout_s=tool_timeout),
-        )
-        if policy != "oracle" and not Path(policy).is_dir():
-            raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
-        with Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
-            bar = progress.add_task("collect", total=episodes)
-            summary = run_collect(config, on_progress=lambda done, total: progress.update(bar, completed=done))
-    except ValueError as exc:
-        raise _fail(str(exc)) from exc
-    _print_summary(summary, out)
+    if policy != "oracle" and not Path(policy).is_dir():
+        raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
+    return CollectConfig(
+        env=load_env(env), policy=policy, episodes=episodes, out=out, tasks_file=tasks,
+        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+        limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, tool_timeout_s=tool_timeout),
+        **options,
+    )
+
+
+def _collect_with_progress(config: CollectConfig, label: str) -> dict:
+    """Run a collection under a progress bar; returns its summary."""
+    from trajlab.collect import collect as run_collect
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        bar = progress.add_task(label, total=config.episodes)
+        return run_collect(config, on_progress=lambda done, total: progress.update(bar, completed=done))
 
 
 @app.command()
@@ -300,18 +335,18 @@ def eval_run(
     samples_per_task: Annotated[int, typer.Option(min=1, help="Episodes per task; pass@k needs k <= this.")] = 1,
     k: Annotated[list[int] | None, typer.Option("--k", min=1, help="pass@k budget; repeatable (default 1, K).")] = None,
     label: Annotated[str | None, typer.Option(help="Run name in tables (default: the policy's name).")] = None,
-    split: Annotated[str, typer.Option(help="Task split: train or test.")] = "test",
-    seed: Annotated[int, typer.Option(help="Task order seed.")] = 0,
-    tasks: Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")] = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer for the oracle (default: tiny).")] = None,
-    parser: Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")] = "auto",
-    concurrency: Annotated[int, typer.Option(min=1, help="Episodes run at once.")] = 8,
-    max_turns: Annotated[int, typer.Option(min=1, help="Model turns per episode.")] = 8,
-    max_episode_tokens: Annotated[int, typer.Option(min=1, help="Prompt + completion tokens per episode.")] = 2048,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
-    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")] = 0.0,
-    tool_timeout: Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")] = 10.0,
-    system_prompt: Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")] = None,
+    split: Split = "test",
+    seed: Seed = 0,
+    tasks: TasksFile = None,
+    tokenizer: OracleTokenizer = None,
+    parser: Parser = "auto",
+    concurrency: Concurrency = 8,
+    max_turns: MaxTurns = 8,
+    max_episode_tokens: MaxEpisodeTokens = 2048,
+    max_new_tokens: MaxNewTokens = 128,
+    temperature: Temperature = 0.0,
+    tool_timeout: ToolTimeout = 10.0,
+    system_prompt: SystemPrompt = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
 ):
     """Roll out POLICY on SPLIT with --samples-per-task episodes per task, write OUT/eval.json, print the tables.
@@ -320,12 +355,9 @@ def eval_run(
     """
     if ctx.invoked_subcommand is not None:
         return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
-    from trajlab.collect import CollectConfig, collected
-    from trajlab.collect import collect as run_collect
-    from trajlab.env.registry import load_env, read_tasks_file
+    from trajlab.collect import collected
+    from trajlab.env.registry import read_tasks_file
     from trajlab.evaluate import evaluate_trajectories, report_table, save_report
-    from trajlab.inference.base import SamplingParams
-    from trajlab.rollout.engine import RolloutLimits
 
     missing = [f"--{name}" for name, value in (("env", env), ("policy", policy), ("out", out)) if value is None]
     if missing:
@@ -334,22 +366,16 @@ def eval_run(
     if ks[-1] > samples_per_task:
         raise _fail(f"pass@{ks[-1]} needs --samples-per-task >= {ks[-1]}; got {samples_per_task}.")
     try:
-        if policy != "oracle" and not Path(policy).is_dir():
-            raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
         if num_tasks is None:
             num_tasks = len(read_tasks_file(tasks)) if tasks is not None else 32
-        config = CollectConfig(
-            env=load_env(env), policy=policy, episodes=num_tasks * samples_per_task, out=out / "trajectories.jsonl",
-            split=split, seed=seed, samples_per_task=samples_per_task, tasks_file=tasks, tokenizer=tokenizer,
-            parser=parser, concurrency=concurrency, system_prompt=system_prompt,
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-            limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                                 tool_timeout_s=tool_timeout),
+        config = _collect_config(
+            env, policy, num_tasks * samples_per_task, out / "trajectories.jsonl", split=split, seed=seed,
+            samples_per_task=samples_per_task, tasks=tasks, tokenizer=tokenizer, parser=parser,
+            concurrency=concurrency, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
+            max_new_tokens=max_new_tokens, temperature=temperature, tool_timeout=tool_timeout,
+            system_prompt=system_prompt,
         )
-        with Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
-            bar = progress.add_task("eval", total=config.episodes)
-            summary = run_collect(config, on_progress=lambda done, total: progress.update(bar, completed=done))
+        summary = _collect_with_progress(config, "eval")
         report = evaluate_trajectories(
             collected(config),
             ks=ks,
