@@ -13,6 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trajlab.rollout.engine import RolloutLimits
 from trajlab.rollout.rewards import REWARDS
 
 Stage = Literal["collect", "sft", "eval", "rl"]
@@ -38,6 +39,10 @@ class RolloutSettings(Section):
     parser: str = "auto"
     system_prompt: str | None = None
     """Replaces the env's system prompt; "" means none."""
+
+    def limits(self) -> RolloutLimits:
+        return RolloutLimits(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
+                             tool_timeout_s=self.tool_timeout_s)
 
 
 class CollectSettings(Section):

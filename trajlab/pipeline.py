@@ -22,7 +22,6 @@ from trajlab.env.registry import load_env
 from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
 from trajlab.inference.base import SamplingParams
 from trajlab.models import init_tiny_model, load_tokenizer
-from trajlab.rollout.engine import RolloutLimits
 from trajlab.rollout.rewards import score
 
 Log = Callable[[str], None]
@@ -72,8 +71,7 @@ def _collect_config(
         samples_per_task=samples_per_task, tokenizer=tokenizer, parser=rollout.parser,
         concurrency=rollout.concurrency, system_prompt=rollout.system_prompt,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=temperature),
-        limits=RolloutLimits(max_turns=rollout.max_turns, max_episode_tokens=rollout.max_episode_tokens,
-                             tool_timeout_s=rollout.tool_timeout_s),
+        limits=rollout.limits(),
     )
 
 

@@ -36,7 +36,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory
 from trajlab.train.advantages import (
@@ -93,8 +93,7 @@ def run_rl(
         chat_template=chat_template,
         parser=get_parser(rollout.parser, tokenizer),
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=settings.temperature),
-        limits=RolloutLimits(max_turns=rollout.max_turns, max_episode_tokens=rollout.max_episode_tokens,
-                             tool_timeout_s=rollout.tool_timeout_s),
+        limits=rollout.limits(),
         system_prompt=rollout.system_prompt,
     )
     # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
