@@ -19,8 +19,9 @@ What runs, top to bottom:
    ``model.generate`` calls per step, and TRL / trajlab ratios. Per-step records go to ``<work-dir>/results.json``.
 
 Counted the same way for both: tool calls inside the env (a subclass counts every call that reaches a tool), and,
-where each framework calls ``model.generate``, the calls, the prompt tokens each call prefills and the tokens it
-decodes up to each row's stop token ("generated tokens"). Both re-prefill the whole history on every turn.
+where each framework calls ``model.generate``, the calls, the prompt tokens each call feeds through the model
+("prefill tokens") and the tokens it decodes up to each row's stop token ("generated tokens"). TRL re-prefills the
+whole history on every turn; trajlab keeps each episode's key/value states and feeds only what is new.
 
 The frameworks end episodes differently, so equal limits need not mean equal tokens; compare generated tokens per
 step next to seconds per step. TRL keeps generating after ``submit`` (it has no ``done``), ends an episode at the
@@ -93,11 +94,11 @@ class Meter:
         self.rollout_s = 0.0
         self.steps: list[dict[str, Any]] = []
 
-    def generated(self, prompts: list[list[int]], completions: list[list[int]]) -> None:
-        """One ``model.generate`` call: its rows' prompts (all prefilled) and decoded tokens."""
+    def generated(self, prefill_tokens: int, completions: list[list[int]]) -> None:
+        """One ``model.generate`` call: the prompt tokens it fed through the model and its rows' decoded tokens."""
         self.totals["generate_calls"] += 1
-        self.totals["sequences"] += len(prompts)
-        self.totals["prefill_tokens"] += sum(len(p) for p in prompts)
+        self.totals["sequences"] += len(completions)
+        self.totals["prefill_tokens"] += prefill_tokens
         self.totals["generated_tokens"] += sum(len(c) for c in completions)
 
     def step_end(self, **extra: Any) -> None:
@@ -137,8 +138,9 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     generate_batch = HFGenerator._generate_batch
 
     def measured_generate_batch(self, requests):  # instrumentation only: the same call, inputs and outputs counted
+        fed_before = self.fed_tokens
         results = generate_batch(self, requests)
-        meter.generated([r.prompt_ids for r in requests], [r.token_ids for r in results])
+        meter.generated(self.fed_tokens - fed_before, [r.token_ids for r in results])
         return results
 
     HFGenerator._generate_batch = measured_generate_batch
@@ -226,7 +228,7 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
                                                         has_tool_images)
         if len(completion_ids) != len(prompt_ids):  # a backend that samples num_generations per prompt itself
             prompt_ids = [ids for ids in prompt_ids for _ in range(num_generations)]
-        meter.generated(prompt_ids, completion_ids)
+        meter.generated(sum(len(p) for p in prompt_ids), completion_ids)
         return completion_ids, logprobs
 
     trainer._generate, trainer._generate_single_turn = timed_generate, counted_single_turn

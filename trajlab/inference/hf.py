@@ -1,18 +1,35 @@
 """transformers backend: batches the turns of concurrent episodes into one ``model.generate`` call.
 
 Episodes submit requests independently; a single worker drains the queue, groups requests with the same sampling
-settings into a left-padded batch, and runs generation in a thread so tools of other episodes keep running.
+settings into a left-padded batch, and runs generation in a thread so tools of other episodes keep running. Each
+turn feeds only the tokens the model has not read yet: the key/value states of every episode's history, and of the
+head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import os
+import statistics
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.inference.hf_states import (
+    BatchLayout,
+    batch_cache,
+    prefix_length,
+    row_states,
+    supports_prefix_reuse,
+    weights_version,
+)
+from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
+
+MIN_SHARED_PREFIX = 16
+"""A batch's common head shorter than this is fed per row: reading it once would save less than it costs."""
 
 
 @dataclass
@@ -32,6 +49,10 @@ class HFGenerator:
         max_wait_s: ...or once this long has passed since its first request. Episodes resume one after another
             after a batch (parse, run tools, render the observation), so their next turns trickle in; waiting for
             a quiet moment gathers them into one ``generate`` call instead of several small ones.
+        reuse_prefixes: keep key/value states between calls so a turn feeds only its new tokens. States are dropped
+            whenever a parameter changes in place (an optimizer step), so a generator can serve RL across updates.
+            Off for models whose cache cannot be cut per row (sliding-window or recurrent layers).
+        prefix_cache_bytes: memory for kept states; the least recently used are dropped first.
     """
 
     def __init__(
@@ -42,6 +63,8 @@ class HFGenerator:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.01,
         max_wait_s: float = 0.1,
+        reuse_prefixes: bool = True,
+        prefix_cache_bytes: int = 1 << 30,
         name: str = "hf",
     ) -> None:
         self.model = model
@@ -54,7 +77,14 @@ class HFGenerator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
+        self.reuse_prefixes = reuse_prefixes and supports_prefix_reuse(model)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # Reading ahead needs states, not logits: a real vocabulary makes full logits the largest tensor by far.
+        keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._last_logit_only = {"logits_to_keep": 1} if keeps else {}
+        self._states_version: tuple[int, ...] = ()
         self.generated_tokens = 0
+        self.fed_tokens = 0
         self.batches = 0
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -107,17 +137,18 @@ class HFGenerator:
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         params = requests[0].params
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self.pad_id, dtype=torch.long)  # (B, T), left-padded
-        attention_mask = torch.zeros_like(input_ids)
-        for row, request in enumerate(requests):
-            input_ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids)
-            attention_mask[row, width - len(request.prompt_ids):] = 1
+        max_new_tokens = max(r.params.max_new_tokens for r in requests)
+        prompts = [r.prompt_ids for r in requests]
+        prefixes = self._reusable_prefixes(prompts)
+        layout = BatchLayout.of(prompts, prefixes)
+        input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
         sample = params.temperature > 0
+        states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
-            max_new_tokens=max(r.params.max_new_tokens for r in requests),
+            past_key_values=states,
+            max_new_tokens=max_new_tokens,
             do_sample=sample,
             temperature=params.temperature if sample else None,
             top_p=params.top_p if sample else None,
@@ -127,15 +158,71 @@ class HFGenerator:
             output_logits=True,
             return_dict_in_generate=True,
         )
-        new_tokens = output.sequences[:, width:].cpu()  # (B, N)
+        new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
         logits = torch.stack(output.logits, dim=1).float()  # (B, N, V)
         scale = params.temperature if sample else 1.0
         logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
         self.batches += 1
-        return [
-            self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
-            for row, request in enumerate(requests)
-        ]
+        self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
+        results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
+                   for row, request in enumerate(requests)]
+        if self.reuse_prefixes:  # each row's prompt and generated tokens but the last, which the model has not read
+            for row, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
+                kept = result.token_ids[:-1]
+                layers = row_states(output.past_key_values, row, layout.columns(row, len(prompt), len(kept)))
+                self.prefix_cache.add(CachedPrefix((*prompt, *kept), layers))
+        return results
+
+    def _reusable_prefixes(self, prompts: list[list[int]]) -> list[CachedPrefix | None]:
+        """Per prompt, the longest prefix whose states are known: its own earlier turn, or the batch's shared head;
+        prompts with far more new tokens than the rest are read ahead so they do not pad every row of the batch."""
+        if not self.reuse_prefixes:
+            return [None] * len(prompts)
+        version = weights_version(self.model)
+        if version != self._states_version:  # states computed by other weights are wrong, not just stale
+            self.prefix_cache.clear()
+            self._states_version = version
+        prefixes = [self.prefix_cache.longest(p) for p in prompts]
+        shared = self._shared_prefix(prompts, prefixes)
+        prefixes = [shared if shared and prefix_length(p) < len(shared.token_ids) else p for p in prefixes]
+        new = [len(p) - prefix_length(prefix) for p, prefix in zip(prompts, prefixes, strict=True)]
+        limit = max(MIN_SHARED_PREFIX, 2 * statistics.median(new))
+        behind = [row for row, n in enumerate(new) if n > limit]
+        if behind:
+            caught_up = self._read([prompts[row][:-1] for row in behind], [prefixes[row] for row in behind])
+            for row, prefix in zip(behind, caught_up, strict=True):
+                prefixes[row] = prefix
+        return prefixes
+
+    def _shared_prefix(self, prompts: list[list[int]], found: list[CachedPrefix | None]) -> CachedPrefix | None:
+        """The head every prompt of the batch shares (system prompt, tool schemas), read once for all of them."""
+        head = os.path.commonprefix(prompts)
+        length = min(len(head), *(len(p) - 1 for p in prompts))
+        if length < MIN_SHARED_PREFIX or sum(prefix_length(f) < length for f in found) < 2:
+            return None
+        return self.prefix_cache.get(tuple(head[:length])) or self._read([head[:length]], [None])[0]
+
+    def _read(self, sequences: list[list[int]], prefixes: list[CachedPrefix | None]) -> list[CachedPrefix]:
+        """Run sequences through the model after their known prefixes, without generating; keep their states."""
+        layout = BatchLayout.of(sequences, prefixes)
+        input_ids, attention_mask = layout.inputs(sequences, self.pad_id)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, layout.cached_width:]
+        device = self.model.device
+        output = self.model(
+            input_ids=input_ids[:, layout.cached_width:].to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=position_ids.to(device),
+            past_key_values=batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width),
+            use_cache=True,
+            **self._last_logit_only,
+        )
+        self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
+        entries = [CachedPrefix(tuple(sequence), row_states(output.past_key_values, row,
+                                                             layout.columns(row, len(sequence))))
+                   for row, sequence in enumerate(sequences)]
+        for entry in entries:
+            self.prefix_cache.add(entry)
+        return entries
 
     def _cut(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> GenerationResult:
         """One row's tokens up to and including its first stop token; padding is never guessed from token ids."""
