@@ -3,13 +3,14 @@
 import json
 
 import torch
+from accelerate import Accelerator
 
 from trajlab.chat.template import resolve_chat_template
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.env import load_env
 from trajlab.models import load_model, load_tokenizer
 from trajlab.rollout.types import TokenRecord, Trajectory
-from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, run_rl
+from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, _update, run_rl
 
 
 def trajectory_with_model_logprobs(model, tokenizer, loss_mask):
@@ -93,6 +94,31 @@ def test_micro_batches_accumulate_to_the_gradient_of_one_batch(tiny_model_dir, t
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         assert grads[0].abs().sum() > 0
         assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), estimator
+
+
+def test_rollouts_without_advantage_are_skipped_and_the_step_is_unchanged(tiny_model_dir, tiny_tokenizer):
+    masks = [[1, 1, 1], [1, 1, 1, 1], [1, 1]]
+    advantages = [[0.5] * 3, [0.0] * 4, [-0.5] * 2]  # the middle rollout's group had no signal
+    settings = RLSettings(estimator="grpo", max_grad_norm=1e6)
+    pad = tiny_tokenizer.pad_token_id
+    weights, stats = [], {}
+    for skipping in (True, False):
+        model = load_model(tiny_model_dir).train()
+        trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if skipping:
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+            stats = _update(model, None, optimizer, scheduler, Accelerator(cpu=True), trajectories, advantages,
+                            settings, 16, pad)
+        else:  # every rollout through the loss, as one batch
+            batch = _pack(trajectories, advantages, pad, torch.device("cpu"))
+            normaliser = _loss_normaliser(trajectories, "grpo", 16)
+            _policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
+            optimizer.step()
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert stats["trained_sequences"] == 2
+    assert not torch.equal(weights[0], torch.cat([p.flatten() for p in load_model(tiny_model_dir).parameters()]))
+    assert torch.allclose(weights[0], weights[1], atol=1e-6)
 
 
 def tiny_settings(**overrides):

@@ -7,7 +7,8 @@ One step, top to bottom:
 3. advantages within each task's group (GRPO, Dr.GRPO or RLOO), per trajectory or per turn;
 4. one optimizer step per minibatch (by default the whole batch), accumulated over micro-batches: recompute token
    logprobs, clipped ratio against the rollout's logprobs, optional KL to the starting policy, loss on model tokens
-   only (``loss_mask``; padding is tracked by ``attention_mask``).
+   only (``loss_mask``; padding is tracked by ``attention_mask``). Rollouts whose advantage is zero everywhere
+   contribute no gradient and, without a KL term, are not run through the model at all.
 Runs through accelerate, so the same loop trains on several GPUs (each process rolls out its share of tasks).
 """
 
@@ -195,6 +196,12 @@ def _update(
     usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
     if not usable:
         return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
+    # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the gradient
+    # without a KL term: skip its forward and backward. Normalisers still count it, so the step is the same. Several
+    # processes keep every pass, since DDP expects the same number of backward passes from each.
+    silent = set()
+    if settings.kl_coef == 0 and accelerator.num_processes == 1:
+        silent = {i for i in usable if not any(token_advantages[i])}
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     passes = steps = 0
     lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
@@ -205,8 +212,9 @@ def _update(
             # One optimizer step per minibatch; its micro-batches hold similar lengths to waste little on padding.
             minibatch = sorted(order[start : start + per_step], key=lengths.__getitem__)
             normaliser = _loss_normaliser([trajectories[i] for i in minibatch], settings.estimator, token_budget)
-            for first in range(0, len(minibatch), settings.micro_batch_size):
-                chosen = minibatch[first : first + settings.micro_batch_size]
+            trained = [i for i in minibatch if i not in silent]
+            for first in range(0, len(trained), settings.micro_batch_size):
+                chosen = trained[first : first + settings.micro_batch_size]
                 batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
                               accelerator.device)
                 stats = _policy_loss(policy, reference, batch, settings, normaliser)
@@ -220,8 +228,8 @@ def _update(
             optimizer.zero_grad()
             steps += 1
     # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
-    return ({key: value / passes for key, value in totals.items()} | {"loss": totals["loss"] / steps,
-            "trained_sequences": len(usable)})
+    averages = {key: value / max(1, passes) for key, value in totals.items()}
+    return averages | {"loss": totals["loss"] / steps, "trained_sequences": len(usable) - len(silent)}
 
 
 def _loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
