@@ -15,13 +15,17 @@ What runs, top to bottom:
    rate, temperature 1.0 (top-p 1, no top-k), no KL term, GRPO loss (mean over each sequence's tokens), at most
    ``max_new_tokens`` per model turn and ``max_turns`` model turns, on the CPU. A warm-up step runs first and is
    excluded; model loading and trainer construction are reported separately, checkpoint writing not at all.
-3. a table: seconds per step, the share spent in rollouts, generated tokens per step and per second, tool calls and
+3. a table: seconds per step, split into rollouts and the rest (mostly the update), generated tokens per step and per
+   second, the share of groups whose rollouts all got the same reward (no gradient signal), tool calls and
    ``model.generate`` calls per step, and TRL / trajlab ratios. Per-step records go to ``<work-dir>/results.json``.
 
 Counted the same way for both: tool calls inside the env (a subclass counts every call that reaches a tool), and,
 where each framework calls ``model.generate``, the calls, the prompt tokens each call feeds through the model
 ("prefill tokens") and the tokens it decodes up to each row's stop token ("generated tokens"). TRL re-prefills the
-whole history on every turn; trajlab keeps each episode's key/value states and feeds only what is new.
+whole history on every turn; trajlab keeps each episode's key/value states and feeds only what is new. In the
+update, TRL runs every rollout through the model; trajlab skips rollouts whose advantage is zero on every token
+(groups with equal rewards, the "flat groups" column), which contribute no gradient without a KL term, so the update
+share of the gap depends on that column.
 
 The frameworks end episodes differently, so equal limits need not mean equal tokens; compare generated tokens per
 step next to seconds per step. TRL keeps generating after ``submit`` (it has no ``done``), ends an episode at the
@@ -156,6 +160,7 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     def on_step(record: dict[str, float]) -> None:  # after the update, before any checkpoint is written
         meter.rollout_s += record["rollout_s"]
         meter.step_end(reward=record["reward"], update_s=record["update_s"],
+                       flat_groups=record["zero_variance_groups"],
                        framework_tokens=record["tokens_per_s"] * record["rollout_s"])
 
     started = time.perf_counter()
@@ -238,6 +243,7 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     steps = meter.per_step(train_started)
     for step, logs in zip(steps, logged, strict=False):
         step["reward"] = logs.get("reward", math.nan)
+        step["flat_groups"] = logs.get("frac_reward_zero_std", math.nan)
         step["framework_tokens"] = logs["completions/mean_length"] * shape.rollouts
         step["trl_tool_call_frequency"] = logs.get("tools/call_frequency", math.nan)
     return {"setup_s": setup_s, "steps": steps}
@@ -329,7 +335,8 @@ def summarize(framework: str, result: dict[str, Any]) -> dict[str, Any]:
         "framework": framework,
         "steps": n,
         "s_per_step": wall / n,
-        "rollout_share": rollout / wall,
+        "rollout_s_per_step": rollout / n,
+        "rest_s_per_step": (wall - rollout) / n,
         "generated_per_step": generated / n,
         "generated_per_s": generated / wall,
         "rollout_tokens_per_s": generated / rollout if rollout else math.nan,
@@ -337,6 +344,7 @@ def summarize(framework: str, result: dict[str, Any]) -> dict[str, Any]:
         "generate_calls_per_step": sum(s["generate_calls"] for s in timed) / n,
         "prefill_per_step": sum(s["prefill_tokens"] for s in timed) / n,
         "reward": sum(s.get("reward", math.nan) for s in timed) / n,
+        "flat_groups": sum(s.get("flat_groups", math.nan) for s in timed) / n,
         "setup_s": result["setup_s"],
         "warmup_s": result["steps"][0]["wall_s"],
     }
@@ -346,7 +354,8 @@ COLUMNS = (  # (header, key, format)
     ("framework", "framework", "{}"),
     ("steps", "steps", "{}"),
     ("s/step", "s_per_step", "{:.2f}"),
-    ("rollout share", "rollout_share", "{:.0%}"),
+    ("rollout s/step", "rollout_s_per_step", "{:.2f}"),
+    ("update+rest s/step", "rest_s_per_step", "{:.2f}"),
     ("gen tok/step", "generated_per_step", "{:.0f}"),
     ("gen tok/s", "generated_per_s", "{:.0f}"),
     ("gen tok/s in rollout", "rollout_tokens_per_s", "{:.0f}"),
@@ -354,10 +363,12 @@ COLUMNS = (  # (header, key, format)
     ("generate calls/step", "generate_calls_per_step", "{:.1f}"),
     ("prefill tok/step", "prefill_per_step", "{:.0f}"),
     ("reward", "reward", "{:.3f}"),
+    ("flat groups", "flat_groups", "{:.0%}"),
     ("setup s", "setup_s", "{:.1f}"),
     ("warm-up s", "warmup_s", "{:.1f}"),
 )
-RATIOS = ("s_per_step", "generated_per_step", "generated_per_s", "rollout_tokens_per_s", "prefill_per_step")
+RATIOS = ("s_per_step", "rollout_s_per_step", "rest_s_per_step", "generated_per_step", "generated_per_s",
+          "rollout_tokens_per_s", "prefill_per_step")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
