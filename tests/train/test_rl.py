@@ -10,7 +10,8 @@ from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.env import load_env
 from trajlab.models import load_model, load_tokenizer
 from trajlab.rollout.types import TokenRecord, Trajectory
-from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, _update, run_rl
+from trajlab.train import rl
+from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, _token_logprobs, _update, run_rl
 
 
 def trajectory_with_model_logprobs(model, tokenizer, loss_mask):
@@ -119,6 +120,39 @@ def test_rollouts_without_advantage_are_skipped_and_the_step_is_unchanged(tiny_m
     assert stats["trained_sequences"] == 2
     assert not torch.equal(weights[0], torch.cat([p.flatten() for p in load_model(tiny_model_dir).parameters()]))
     assert torch.allclose(weights[0], weights[1], atol=1e-6)
+
+
+def test_a_shared_prompt_head_runs_once_with_the_same_logprobs_and_gradients(tiny_model_dir, tiny_tokenizer,
+                                                                             monkeypatch):
+    system = "<|im_start|>system\nYou solve arithmetic with the calculator tools, one call at a time.<|im_end|>\n"
+    questions = ["Compute (1 + 2) * 3.", "Compute (1 + 2) * 3.", "Compute (9 - 4) + 6."]
+    completions = ["<tool_call>\n{\"name\": \"add\"", "<tool_call>\n{\"name\": \"multiply\", \"arguments\"", "Hi"]
+    model = load_model(tiny_model_dir).train()
+    trajectories = []
+    for question, completion in zip(questions, completions, strict=True):
+        prompt = tiny_tokenizer.encode(f"{system}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",
+                                       add_special_tokens=False)
+        ids = tiny_tokenizer.encode(completion, add_special_tokens=False)
+        tokens = TokenRecord(prompt_ids=prompt, completion_ids=ids, loss_mask=[1] * len(ids),
+                             logprobs=[-1.0] * len(ids))
+        trajectories.append(Trajectory(id="t", env="arithmetic", task={}, messages=[], tools=[], reward=1.0,
+                                       status="success", tokens=tokens))
+    batch = _pack(trajectories, [[0.5] * len(t.tokens.completion_ids) for t in trajectories],
+                  tiny_tokenizer.pad_token_id, torch.device("cpu"))
+    assert rl._shared_head(model, batch["input_ids"], batch["completion_start"]) >= rl.MIN_SHARED_HEAD
+
+    results = []
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(rl, "MIN_SHARED_HEAD", 10**9)
+        model.zero_grad()
+        logprobs = _token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"], 1.0)
+        _policy_loss(model, None, batch, RLSettings(), normaliser=3.0)["loss_tensor"].backward()
+        results.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (shared_lp, shared_grad), (full_lp, full_grad) = results
+    mask = batch["attention_mask"][:, batch["completion_start"] :].bool()  # predicting padding means nothing
+    assert torch.allclose(shared_lp[mask], full_lp[mask], atol=1e-5)
+    assert full_grad.abs().sum() > 0 and torch.allclose(shared_grad, full_grad, atol=1e-6, rtol=1e-4)
 
 
 def tiny_settings(**overrides):

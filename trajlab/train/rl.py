@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from transformers import PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
@@ -50,6 +50,8 @@ from trajlab.train.sft import lora_config
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
+MIN_SHARED_HEAD = 16
+"""Rows sharing fewer leading tokens than this are run in full: one extra forward pass would cost more."""
 
 
 def run_rl(
@@ -285,11 +287,34 @@ def _token_logprobs(
     """Log-probabilities (B, T - start, V) of the tokens from ``start`` on, at the sampling temperature.
 
     Logits are computed only for those positions (``logits_to_keep``): the prompt needs none, and the lm_head over
-    the full vocabulary is the costliest layer of a small model.
+    the full vocabulary is the costliest layer of a small model. The head all rows share (system prompt, tool
+    schemas: often half of every sequence) is run once and its key/value states broadcast to every row; gradients
+    flow back through the broadcast, so the result equals running each row in full.
     """
     keep = input_ids.shape[1] - start + 1  # position t predicts token t + 1
-    logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float()
-    return torch.log_softmax(logits / temperature, dim=-1)
+    head = _shared_head(model, input_ids, start)
+    if not head:
+        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits
+    else:
+        rows, width = input_ids.shape
+        states = model(input_ids=input_ids[:1, :head], use_cache=True).past_key_values
+        broadcast = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+                     for layer in states.layers]
+        positions = torch.arange(head, width, device=input_ids.device).expand(rows, -1)
+        logits = model(input_ids=input_ids[:, head:], attention_mask=attention, position_ids=positions,
+                       past_key_values=DynamicCache(ddp_cache_data=broadcast, config=model.config),
+                       logits_to_keep=keep).logits
+    return torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+
+
+def _shared_head(model: torch.nn.Module, input_ids: torch.Tensor, start: int) -> int:
+    """How many leading tokens every row shares, up to the first position whose logits are needed (0: not worth
+    sharing, or not possible: DDP expects one forward per backward)."""
+    if input_ids.shape[0] < 2 or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return 0
+    differs = (input_ids[:, : start - 1] != input_ids[:1, : start - 1]).any(0).nonzero()
+    head = int(differs[0]) if len(differs) else start - 1
+    return head if head >= MIN_SHARED_HEAD else 0
 
 
 def _policy_loss(
