@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -29,6 +30,23 @@ def spread(values: list[float]) -> str:
     mean = statistics.mean(values)
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{mean:.3f} ± {std:.3f}"
+
+
+def task_changes(before: dict, after: dict) -> tuple[int, int]:
+    """Held-out tasks fixed and broken between two evaluations of the same tasks (greedy: one episode each)."""
+    solved = {t["task_id"]: t["successes"] == t["n"] for t in before["tasks"]}
+    now = {t["task_id"]: t["successes"] == t["n"] for t in after["tasks"]}
+    common = solved.keys() & now.keys()
+    return sum(now[k] and not solved[k] for k in common), sum(solved[k] and not now[k] for k in common)
+
+
+def sign_test(fixed: int, broken: int) -> float:
+    """Two-sided exact sign (McNemar) test: how likely so lopsided a split is if RL only moved errors around."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    probabilities = [math.comb(n, k) / 2**n for k in range(n + 1)]
+    return min(1.0, sum(p for p in probabilities if p <= probabilities[fixed] * (1 + 1e-9)))
 
 
 def main() -> None:
@@ -55,6 +73,10 @@ def main() -> None:
         gains = [per_seed[s]["stages"]["rl"]["success_rate"] - per_seed[s]["stages"]["sft"]["success_rate"]
                  for s in args.seeds]
         print(f"\nRL gain over SFT (success): {spread(gains)}  per seed {[round(g, 3) for g in gains]}")
+        for seed in args.seeds:
+            fixed, broken = task_changes(per_seed[seed]["stages"]["sft"], per_seed[seed]["stages"]["rl"])
+            print(f"seed {seed}: RL solved {fixed} held-out tasks SFT failed and failed {broken} SFT solved; "
+                  f"exact two-sided sign test p = {sign_test(fixed, broken):.2g}")
     print(f"wall time per run: {spread([per_seed[s]['seconds'] for s in args.seeds])} s")
     summary = {str(s): {"seconds": v["seconds"],
                         "success_rate": {k: r["success_rate"] for k, r in v["stages"].items()},
