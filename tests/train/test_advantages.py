@@ -31,6 +31,10 @@ def test_rloo_is_leave_one_out():
 def test_equal_rewards_give_no_signal():
     for estimator in ("grpo", "dr_grpo", "rloo"):
         assert torch.all(group_advantages(torch.ones(4), estimator) == 0)
+        # 1 + 2/3 (a success plus a progress reward) is not exact in floating point: its group mean is off by an
+        # ulp, which grpo's division by (std + eps) once turned into advantages of about -0.001
+        assert torch.all(group_advantages(torch.full((8,), 1 + 2 / 3), estimator) == 0)
+        assert torch.all(group_advantages(torch.full((7,), 0.1 + 0.2), estimator) == 0)
 
 
 def test_turn_level_credit():

@@ -24,6 +24,8 @@ def group_advantages(rewards: torch.Tensor, estimator: Estimator) -> torch.Tenso
     """Advantages of one group of rewards, shape (G,) -> (G,)."""
     if rewards.numel() < 2:
         raise ValueError("a group needs at least 2 rollouts to have a baseline")
+    if torch.all(rewards == rewards[0]):  # no signal; the rounded mean would leave noise (std + eps scales it up)
+        return torch.zeros_like(rewards)
     centered = rewards - rewards.mean()
     if estimator == "grpo":
         return centered / (rewards.std() + EPS)
