@@ -292,7 +292,7 @@ def _token_logprobs(
     flow back through the broadcast, so the result equals running each row in full.
     """
     keep = input_ids.shape[1] - start + 1  # position t predicts token t + 1
-    head = _shared_head(model, input_ids, start)
+    head = _shared_head(input_ids, start)
     if not head:
         logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits
     else:
@@ -307,10 +307,11 @@ def _token_logprobs(
     return torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
 
 
-def _shared_head(model: torch.nn.Module, input_ids: torch.Tensor, start: int) -> int:
+def _shared_head(input_ids: torch.Tensor, start: int) -> int:
     """How many leading tokens every row shares, up to the first position whose logits are needed (0: not worth
-    sharing, or not possible: DDP expects one forward per backward)."""
-    if input_ids.shape[0] < 2 or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+    sharing, or several processes: DDP, FSDP and DeepSpeed expect one forward pass per backward pass)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if input_ids.shape[0] < 2 or (distributed and torch.distributed.get_world_size() > 1):
         return 0
     differs = (input_ids[:, : start - 1] != input_ids[:1, : start - 1]).any(0).nonzero()
     head = int(differs[0]) if len(differs) else start - 1
