@@ -43,9 +43,19 @@ SystemPrompt = Annotated[str | None, typer.Option(help="Replace the env's system
 
 
 @app.command()
-def envs(as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False):
+def envs(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+    docs: Annotated[Path | None, typer.Option(help="Write a Markdown page per env (tools from their schemas).")] = None,
+):
     """List the registered environments and their tools."""
     from trajlab.env.registry import load_env, registered_names
+
+    if docs is not None:
+        from trajlab.env.docs import write_env_docs
+
+        for page in write_env_docs(docs):
+            typer.echo(page)
+        return
 
     rows = []
     for name in registered_names():

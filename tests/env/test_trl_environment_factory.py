@@ -1,0 +1,45 @@
+"""Every built-in env runs unchanged as TRL GRPOTrainer's ``environment_factory``: one step on the tiny model."""
+
+import os
+from unittest import mock
+
+import pytest
+
+from trajlab.env import load_env
+from trajlab.env.registry import registered_names
+from trajlab.env.trl import env_reward, trl_dataset
+from trajlab.models import load_model, load_tokenizer
+
+
+@pytest.mark.parametrize("name", registered_names())
+def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec = load_env(name)
+    dataset = trl_dataset(spec, split="train", size=8)
+    scored = []
+
+    def recording_reward(environments, **kwargs):
+        scored.extend(environments)
+        return env_reward(environments, **kwargs)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=1,
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=96, logging_steps=1,
+        generation_kwargs={"max_new_tokens": 16}, max_tool_calling_iterations=1, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    reset = spec.env_cls.reset
+    with mock.patch.object(spec.env_cls, "reset", autospec=True, side_effect=reset) as resets:
+        trainer = GRPOTrainer(model=load_model(tiny_model_dir), reward_funcs=[recording_reward], args=args,
+                              train_dataset=dataset, processing_class=load_tokenizer(tiny_model_dir),
+                              environment_factory=spec.env_cls)
+        assert sorted(tool.__name__ for tool in trainer.tools) == sorted(t["function"]["name"] for t in spec.tools)
+        trainer.train()
+
+    assert trainer.state.global_step == 1
+    assert len(scored) == 4 and all(type(env) is spec.env_cls for env in scored)
+    task_ids = set(dataset["task_id"])
+    reset_ids = [call.kwargs.get("task_id") for call in resets.call_args_list]
+    assert len(reset_ids) >= 4 and set(reset_ids) <= task_ids, "TRL resets each episode's env with its row"
