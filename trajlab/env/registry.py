@@ -62,6 +62,7 @@ class EnvSpec:
 _REGISTRY: dict[str, str] = {
     "arithmetic": "trajlab.env.builtin.arithmetic:SPEC",
     "guess": "trajlab.env.builtin.guess:SPEC",
+    "wordle": "trajlab.env.builtin.wordle:SPEC",
 }
 
 
