@@ -8,7 +8,7 @@ from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 
-BUILTIN = ["arithmetic", "guess", "wordle"]
+BUILTIN = ["arithmetic", "driving", "guess", "wordle"]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
