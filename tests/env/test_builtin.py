@@ -1,12 +1,9 @@
-import asyncio
 import itertools
 
 import pytest
 
-from trajlab.chat.parsers import get_parser
+from tests.env.oracle import run_oracle
 from trajlab.env import load_env
-from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
 
 BUILTIN = ["arithmetic", "driving", "guess", "wordle"]
 
@@ -27,9 +24,7 @@ def test_splits_are_disjoint_and_seeded(name):
 def test_oracle_solves_every_task_through_the_tools(name, tiny_tokenizer, tiny_template):
     spec = load_env(name)
     tasks = list(itertools.islice(spec.iter_tasks("test"), 40))
-    engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
-    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=8))
+    results = run_oracle(spec, tasks, tiny_tokenizer, tiny_template)
     assert len(results) == len(tasks)
     assert all(t.status == "success" for t in results), [(t.id, t.status, t.messages[-1]) for t in results]
     assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)

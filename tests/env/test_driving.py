@@ -1,11 +1,10 @@
-import asyncio
 import itertools
 import json
 import math
 
 import pytest
 
-from trajlab.chat.parsers import get_parser
+from tests.env.oracle import run_oracle
 from trajlab.env.base import tool_call_message, tool_schemas
 from trajlab.env.builtin.driving import (
     BRAKE_MS2,
@@ -17,8 +16,6 @@ from trajlab.env.builtin.driving import (
     Driving,
     oracle,
 )
-from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 def road(speed: float, distance: float, lane: int = 1, lanes: int = 2, **others: tuple[str, float]) -> dict:
@@ -189,9 +186,7 @@ def test_policies_that_ignore_the_observation_fail_a_clear_share(name):
 
 def test_oracle_succeeds_on_every_test_task_through_the_rollout_engine(tiny_tokenizer, tiny_template):
     tasks = list(SPEC.iter_tasks("test"))
-    engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
-    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=32))
+    results = run_oracle(SPEC, tasks, tiny_tokenizer, tiny_template, concurrency=32)
     assert len(results) == len(tasks)
     assert all(t.status == "success" for t in results), [(t.id, t.status, t.messages[-1]) for t in results]
     assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)

@@ -1,13 +1,10 @@
-import asyncio
 import statistics
 from importlib import resources
 
 import pytest
 
-from trajlab.chat.parsers import get_parser
+from tests.env.oracle import run_oracle
 from trajlab.env.builtin.wordle import SPEC, WORDS, feedback
-from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 def new_game(secret="apple", max_guesses=6):
@@ -118,9 +115,7 @@ def test_splits_are_disjoint_cover_the_word_list_and_are_seeded():
 
 def test_oracle_solves_the_test_split_through_the_tools(tiny_tokenizer, tiny_template):
     tasks = list(SPEC.iter_tasks("test"))
-    engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
-    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=8))
+    results = run_oracle(SPEC, tasks, tiny_tokenizer, tiny_template)
     assert len(results) == len(tasks)
     assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)
     assert all(t.metrics["env/invalid_guesses"] == 0 for t in results)
