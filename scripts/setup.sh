@@ -16,3 +16,6 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 pip install --quiet -e ".[test]"
+# bfcl-eval (the BFCL env's data, backends and checker) declares ~150 dependencies it does not need for those;
+# installed without them, it runs on what trajlab already has (mpmath, filelock).
+pip install --quiet --no-deps "bfcl-eval==2026.3.23"

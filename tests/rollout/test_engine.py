@@ -182,3 +182,81 @@ def test_turn_rewards_align_with_model_turns(tiny_tokenizer, tiny_template):
                                                                           call("finish", "{}")]).run_episode(
         Episode("e", {})))
     assert trajectory.turn_rewards == [0.0, 1.0]
+
+
+class Conversation(Environment):
+    """Two user turns; the second announces a tool the first did not offer (BFCL's missing-function turns)."""
+
+    def reset(self, **task):
+        super().reset()
+        self.episode_tools = [t for t in CONVERSATION.tools if t["function"]["name"] == "add"]
+        self.answers = []
+        return "What is 2 + 3?"
+
+    def add(self, a: int, b: int) -> str:
+        """Add.
+
+        Args:
+            a: first
+            b: second
+        """
+        return str(a + b)
+
+    def mul(self, a: int, b: int) -> str:
+        """Multiply.
+
+        Args:
+            a: first
+            b: second
+        """
+        return str(a * b)
+
+    def _next_user_message(self, answer):
+        if answer is None:
+            return None
+        self.answers.append(answer)
+        self.reward += 0.5
+        if len(self.answers) == 1:
+            self.episode_tools = CONVERSATION.tools
+            return "You can now use mul. What is 4 * 5?"
+        self.done = True
+        return None
+
+
+CONVERSATION = EnvSpec(name="conversation", env_cls=Conversation)
+
+
+def test_an_env_can_offer_some_tools_and_speak_again_after_an_answer(tiny_tokenizer, tiny_template):
+    texts = [
+        call("mul", '{"a": 2, "b": 3}'),  # not offered yet: an unknown tool
+        call("add", '{"a": 2, "b": 3}'),
+        "5<|im_end|>",
+        call("mul", '{"a": 4, "b": 5}'),
+        "20<|im_end|>",
+    ]
+    engine = RolloutEngine(CONVERSATION, ReplayText(tiny_tokenizer, texts), tiny_tokenizer,
+                           chat_template=tiny_template, parser=get_parser("hermes"))
+    trajectory = asyncio.run(engine.run_episode(Episode("c", {})))
+
+    assert [t["function"]["name"] for t in trajectory.tools] == ["add"]
+    prompt = tiny_tokenizer.decode(trajectory.tokens.prompt_ids)
+    assert "- add(" in prompt and "mul" not in prompt
+    observations = [m["content"] for m in trajectory.messages if m["role"] in ("tool", "user")]
+    assert observations[1].startswith("Error: unknown tool 'mul'. Available tools: add.")
+    assert observations[2:] == ["5", "You can now use mul. What is 4 * 5?", "20"]
+    assert trajectory.stop_reason == "env_done" and trajectory.reward == 1.0
+    assert trajectory.turn_rewards == [0.0, 0.0, 0.5, 0.0, 0.5], "an answer's reward is credited to its turn"
+    check_tokens(trajectory, tiny_tokenizer, tiny_template)
+
+
+def test_episode_tools_must_be_tools_of_the_class(tiny_tokenizer, tiny_template):
+    class Lying(Conversation):
+        def reset(self, **task):
+            super().reset()
+            self.episode_tools = [{"type": "function", "function": {"name": "rm", "parameters": {}}}]
+            return "Go."
+
+    engine = RolloutEngine(EnvSpec(name="lying", env_cls=Lying), ReplayText(tiny_tokenizer, ["hi<|im_end|>"]),
+                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"))
+    trajectory = asyncio.run(engine.run_episode(Episode("l", {})))
+    assert trajectory.status == "error" and "names ['rm'], which are not tools of the class" in trajectory.error

@@ -4,6 +4,11 @@ The contract is TRL's ``environment_factory`` contract, so a trajlab env also ru
 ``reset(**task)`` starts an episode and returns the first observation, every public function defined on the
 class (other than ``reset``) is a tool, and the env holds its own ``reward``. trajlab adds ``done``, ``metrics``
 and optional ``turn_rewards`` / ``success``, all plain attributes the rollout engine reads after each step.
+
+Two optional extensions serve envs whose episodes differ in shape (BFCL's multi-turn conversations): an env may set
+``episode_tools`` in ``reset`` to show the model only some of its tools this episode, and may define
+``_next_user_message`` to hold a conversation of several user turns. Both stay outside TRL's tool discovery, which
+ignores attributes and names starting with ``_``; under TRL such an env runs its first user turn with every tool.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ class Environment:
         turn_rewards: optional dense rewards, one entry appended per tool call the env handles; the engine sums
             them per model turn for turn-level credit. Without it, a turn's reward is its change in ``reward``.
         metrics: numbers worth logging for this episode (e.g. ``{"guesses": 4}``).
+        episode_tools: optional JSON schemas of the tools offered in this episode (a subset of the class's tools);
+            None offers them all. The prompt shows the list as it is after ``reset``; a tool added to the list later
+            (announced to the model in a user message) becomes callable from then on.
     """
 
     reward: float
@@ -37,6 +45,7 @@ class Environment:
     success: bool | None
     turn_rewards: list[float] | None
     metrics: dict[str, float]
+    episode_tools: list[dict[str, Any]] | None
 
     def __init__(self) -> None:
         self.reward = 0.0
@@ -44,6 +53,7 @@ class Environment:
         self.success = None
         self.turn_rewards = None
         self.metrics = {}
+        self.episode_tools = None
 
     def reset(self, **task: Any) -> str | None:
         """Start an episode for one task (a dataset row) and return the first observation, if any."""
@@ -52,6 +62,16 @@ class Environment:
         self.success = None
         self.turn_rewards = None
         self.metrics = {}
+        self.episode_tools = None
+        return None
+
+    def _next_user_message(self, answer: str | None) -> str | None:
+        """The user's next message after a model turn, or None to let the episode go on (or end) as usual.
+
+        Called after every model turn that parsed: ``answer`` is the turn's text when it made no tool call (the
+        model answered the user), None when it called tools. Returning a message continues the episode with it as a
+        new user turn (after the tool results, if any); an env without more user turns keeps this default.
+        """
         return None
 
 

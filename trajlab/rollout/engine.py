@@ -85,7 +85,7 @@ class RolloutEngine:
         self.sampling = sampling
         self.system_prompt = env.system_prompt if system_prompt is None else system_prompt
         self.tools = env.tools
-        self.schemas = {schema["function"]["name"]: schema for schema in self.tools}
+        self.chat_template = chat_template
         self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
         self._tool_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trajlab-tool")
 
@@ -132,10 +132,12 @@ class RolloutEngine:
         first_user = observation if observation is not None else state.episode.task.get("prompt")
         if first_user is None:
             raise ValueError("reset() returned no observation and the task has no 'prompt' field")
+        state.tools = self._episode_tools(env)
+        chat = self.chat if state.tools is self.tools else ChatTemplate(self.tokenizer, state.tools, self.chat_template)
         if self.system_prompt:
             state.messages.append({"role": "system", "content": self.system_prompt})
         state.messages.append({"role": "user", "content": str(first_user)})
-        state.tokens = TokenRecord(prompt_ids=self.chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
+        state.tokens = TokenRecord(prompt_ids=chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
                                    logprobs=[])
 
         for turn in range(self.limits.max_turns):
@@ -148,7 +150,7 @@ class RolloutEngine:
                 prompt_ids=state.tokens.prompt_ids + state.tokens.completion_ids,
                 params=params,
                 messages=[dict(m) for m in state.messages],
-                tools=self.tools,
+                tools=state.tools,
                 task=state.episode.task,
             )
             result = await self.generator.generate(request)
@@ -171,21 +173,24 @@ class RolloutEngine:
                 raw = self.tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
                 parsed = ParsedResponse(content=raw, errors=parsed.errors)
             state.messages.append(_assistant_message(parsed, turn))
-            if not parsed.tool_calls and not parsed.errors:
-                state.turn_rewards.append(0.0)
-                state.tokens.extend(self.chat.closing_ids(state.messages), trained=False)
-                state.stop_reason = "no_tool_call"
-                return
-
+            acting = bool(parsed.tool_calls or parsed.errors)
             reward_before = float(env.reward or 0.0)
             calls_rewarded = len(env.turn_rewards or [])
-            new_messages = await self._observe(state, env, parsed, turn)
+            new_messages = await self._observe(state, env, parsed, turn) if acting else []
+            if not parsed.errors and not env.done:
+                follow_up = await self._next_user_message(env, None if acting else parsed.content)
+                if follow_up is not None:
+                    new_messages.append({"role": "user", "content": str(follow_up)})
             state.turn_rewards.append(
                 sum(env.turn_rewards[calls_rewarded:]) if env.turn_rewards is not None
                 else float(env.reward or 0.0) - reward_before
             )
+            if not new_messages:  # the model answered and nobody speaks next
+                state.tokens.extend(chat.closing_ids(state.messages), trained=False)
+                state.stop_reason = "env_done" if env.done else "no_tool_call"
+                return
             ending = bool(env.done) or turn == self.limits.max_turns - 1
-            obs_ids = self.chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
+            obs_ids = chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
             state.messages.extend(new_messages)
             state.tokens.extend(obs_ids, trained=False)
             if env.done:
@@ -203,7 +208,7 @@ class RolloutEngine:
             if env.done:
                 content, error = "Error: the episode is over; this call was not executed.", "episode_over"
             else:
-                outcome = await execute_tool(env, call.name, call.arguments, self.schemas,
+                outcome = await execute_tool(env, call.name, call.arguments, self._callable_schemas(env, state),
                                              timeout_s=self.limits.tool_timeout_s, executor=self._tool_pool)
                 content, error = outcome.content, outcome.error
             if error is not None:
@@ -217,6 +222,31 @@ class RolloutEngine:
             note = "\n".join(parsed.errors)
             new_messages.append({"role": "user", "content": f"Nothing in your last turn was executed. {note}"})
         return new_messages
+
+    def _episode_tools(self, env: Any) -> list[dict[str, Any]]:
+        """The tools shown to the model this episode: the env's ``episode_tools`` if it set them, else all."""
+        chosen = getattr(env, "episode_tools", None)
+        if chosen is None:
+            return self.tools
+        offered = {tool["function"]["name"] for tool in self.tools}
+        unknown = sorted({schema["function"]["name"] for schema in chosen} - offered)
+        if unknown:
+            raise ValueError(
+                f"{type(env).__name__}.episode_tools names {unknown}, which are not tools of the class: every tool "
+                "offered in an episode must be a public method of the env."
+            )
+        return list(chosen)
+
+    def _callable_schemas(self, env: Any, state: _EpisodeState) -> dict[str, dict[str, Any]]:
+        """Tools the model may call now: the episode's list as the env holds it now (it may have announced more)."""
+        tools = getattr(env, "episode_tools", None) or state.tools
+        return {schema["function"]["name"]: schema for schema in tools}
+
+    async def _next_user_message(self, env: Any, answer: str | None) -> str | None:
+        hook = getattr(env, "_next_user_message", None)
+        if hook is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self._tool_pool, hook, answer)
 
     def _record(self, state: _EpisodeState) -> Trajectory:
         env = state.env_instance
@@ -240,7 +270,7 @@ class RolloutEngine:
             env=self.env.name,
             task=state.episode.task,
             messages=state.messages,
-            tools=self.tools,
+            tools=state.tools if state.tools is not None else self.tools,
             reward=reward,
             status=status,
             metrics=metrics,
@@ -258,6 +288,7 @@ class _EpisodeState:
     episode: Episode
     messages: list[dict[str, Any]]
     tokens: TokenRecord | None = None
+    tools: list[dict[str, Any]] | None = None  # the tools shown this episode
     env_instance: Any = None
     status: Status | None = None
     stop_reason: str = ""

@@ -32,7 +32,7 @@ async def execute_tool(
     tool cannot be interrupted and finishes in the background, its result discarded. Untrusted commands belong in
     the sandbox, which kills them.
     """
-    tool = bind_tool(env, name)
+    tool = bind_tool(env, name) if name in schemas else None
     if tool is None:
         available = ", ".join(sorted(schemas)) or "none"
         return ToolResult(f"Error: unknown tool '{name}'. Available tools: {available}.", "unknown_tool")
