@@ -153,9 +153,13 @@ def test_report_headline_numbers(report_a):
     assert r.tool_error_rate == pytest.approx(6 / 24)  # per tool call
     assert r.parse_error_rate == pytest.approx(5 / 28)  # per model turn
     assert r.statuses == {"success": 3, "failure": 4, "truncated": 1, "error": 1}
-    assert r.per_env == {
-        "arithmetic": {"episodes": 5.0, "success_rate": pytest.approx(2 / 5), "mean_reward": pytest.approx(0.5)},
-        "guess": {"episodes": 4.0, "success_rate": pytest.approx(1 / 4), "mean_reward": pytest.approx(1 / 4)},
+    assert r.per_env == {  # every headline rate again, per env, with the reward components that env logged
+        "arithmetic": {"episodes": 5.0, "success_rate": pytest.approx(2 / 5), "mean_reward": pytest.approx(0.5),
+                       "mean_turns": pytest.approx(12 / 5), "tool_error_rate": pytest.approx(3 / 11),
+                       "parse_error_rate": pytest.approx(2 / 12), "reward/format": pytest.approx(2.5 / 3)},
+        "guess": {"episodes": 4.0, "success_rate": pytest.approx(1 / 4), "mean_reward": pytest.approx(1 / 4),
+                  "mean_turns": pytest.approx(16 / 4), "tool_error_rate": pytest.approx(3 / 13),
+                  "parse_error_rate": pytest.approx(3 / 16)},
     }
     # Averaged over the three episodes that logged it; env/ metrics are not reward components.
     assert r.reward_components == {"format": pytest.approx(2.5 / 3)}

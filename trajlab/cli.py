@@ -95,7 +95,8 @@ def model_init(
 
 @app.command()
 def collect(
-    env: Annotated[str, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")],
+    env: Annotated[str, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'; several "
+                                     "comma-separated names mix envs (tasks carry an 'env' column).")],
     policy: Annotated[str, typer.Option(help="'oracle' (the env's reference policy) or a model directory.")],
     episodes: Annotated[int, typer.Option(min=1, help="Number of episodes the output file should hold.")],
     out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
@@ -133,14 +134,14 @@ def _collect_config(
 ) -> CollectConfig:
     """The CollectConfig behind `collect` and `eval`; ValueError names a bad option."""
     from trajlab.collect import CollectConfig
-    from trajlab.env.registry import load_env
+    from trajlab.env.mixture import load_envs
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 
     if policy != "oracle" and not Path(policy).is_dir():
         raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
     return CollectConfig(
-        env=load_env(env), policy=policy, episodes=episodes, out=out, tasks_file=tasks,
+        env=load_envs(env), policy=policy, episodes=episodes, out=out, tasks_file=tasks,
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
         limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, tool_timeout_s=tool_timeout),
         **options,
@@ -246,7 +247,7 @@ def sft(
 @app.command()
 def rl(
     model: Annotated[Path, typer.Option(help="Model directory to train (e.g. the SFT result).")],
-    env: Annotated[str, typer.Option(help="Registered env name or import path.")],
+    env: Annotated[str, typer.Option(help="Registered env name or import path; comma-separated names mix envs.")],
     out: Annotated[Path, typer.Option(help="Output directory: metrics.jsonl, checkpoint, final.")],
     config: Annotated[Path | None, typer.Option(help="YAML with `rl:`/`rollout:` sections (or a run config).")] = None,
     steps: Annotated[int | None, typer.Option(help="RL steps.")] = None,
@@ -262,7 +263,7 @@ def rl(
 ):
     """Online multi-turn RL (GRPO, Dr.GRPO, RLOO; trajectory- or turn-level credit) with trajlab rollouts."""
     from trajlab.chat.template import resolve_chat_template
-    from trajlab.env.registry import load_env
+    from trajlab.env.mixture import load_envs
     from trajlab.models import load_tokenizer
     from trajlab.train.rl import run_rl
 
@@ -272,7 +273,7 @@ def rl(
                                        "lora": {"r": lora_r} if lora_r else None})
     rollout = _section(config, "rollout", {})
     try:
-        spec = load_env(env)
+        spec = load_envs(env)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
     tokenizer = load_tokenizer(model)
@@ -322,7 +323,8 @@ def run(
         raise _fail(str(exc)) from exc
     metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")
     metrics += tuple(f"reward/{name}" for name in ("progress",) if any(name in r.reward_components for r in reports))
-    table = results_table(reports, metrics=metrics, title=f"{pipeline.env}: held-out {pipeline.eval.split} tasks")
+    env_label = pipeline.env if isinstance(pipeline.env, str) else ",".join(pipeline.env)
+    table = results_table(reports, metrics=metrics, title=f"{env_label}: held-out {pipeline.eval.split} tasks")
     console.print(table)
     console.print(f"Run saved in {pipeline.run_dir} ({time.perf_counter() - started:.0f}s)")
 
@@ -338,7 +340,8 @@ app.add_typer(eval_app, name="eval")
 @eval_app.callback()
 def eval_run(
     ctx: typer.Context,
-    env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")] = None,
+    env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'; "
+                                            "comma-separated names mix envs.")] = None,
     policy: Annotated[str | None, typer.Option(help="'oracle' (the env's reference policy) or a model dir.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run dir for trajectories.jsonl + eval.json; resumed.")] = None,
     num_tasks: Annotated[int | None, typer.Option(min=1, help="Tasks to use (default 32, or all of --tasks).")] = None,

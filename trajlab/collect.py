@@ -18,19 +18,20 @@ from typing import Any
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.data.store import TrajectoryStore, read_trajectories
+from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluate import evaluate_trajectories
 from trajlab.inference.base import Generator, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import init_tiny_model, load_model, load_tokenizer
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutLimits, make_engine
 from trajlab.rollout.types import Trajectory
 
 
 @dataclass
 class CollectConfig:
-    env: EnvSpec
+    env: EnvSpec | EnvMixture
     policy: str  # "oracle" or a model directory
     episodes: int
     out: Path
@@ -63,6 +64,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
     if config.tasks_file is not None:
         rows = read_tasks_file(config.tasks_file)
         tasks = [{"task_id": str(row.get("task_id", f"line{i + 1}")), **row} for i, row in enumerate(rows)]
+        for number, task in enumerate(tasks, start=1):
+            _check_env_column(config.env, task, f"{config.tasks_file}:{number}")
     else:
         needed = -(-config.episodes // config.samples_per_task)
         tasks = list(itertools.islice(config.env.iter_tasks(config.split, config.seed), needed))
@@ -75,9 +78,22 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         cycle, task_index = divmod(task_index, len(tasks))
         task = tasks[task_index]
         sample += cycle * config.samples_per_task
-        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task['task_id']}:{sample}"
+        task_key = f"{task[ENV_COLUMN]}/{task['task_id']}" if ENV_COLUMN in task else task["task_id"]
+        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}"
         episodes.append(Episode(id=episode_id, task=task, split=config.split))
     return episodes
+
+
+def _check_env_column(env: EnvSpec | EnvMixture, task: dict[str, Any], where: str) -> None:
+    """A task's ``env`` column must name the env it is run in (or one of the mixture's)."""
+    if isinstance(env, EnvMixture):
+        try:
+            env.spec_for(task)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from exc
+    elif ENV_COLUMN in task and task[ENV_COLUMN] != env.name:
+        raise ValueError(f"{where}: the task is for env {task[ENV_COLUMN]!r} but runs in '{env.name}'; pass "
+                         f"--env {env.name},{task[ENV_COLUMN]} to run a mixed task file.")
 
 
 def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> list[Trajectory]:
@@ -106,7 +122,7 @@ def collect(
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
     generator, tokenizer, template = build_policy(config)
-    engine = RolloutEngine(
+    engine = make_engine(
         config.env,
         generator,
         tokenizer,

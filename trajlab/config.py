@@ -128,7 +128,8 @@ class PipelineConfig(Section):
     """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval."""
 
     run_dir: str = "runs/run"
-    env: str
+    env: str | list[str]
+    """A registered env name or import path; a list (or comma-separated names) mixes envs in one run."""
     seed: int = 0
     stages: list[Stage] = Field(default_factory=lambda: ["collect", "sft", "eval", "rl", "eval"])
     model: ModelSettings = Field(default_factory=ModelSettings)

@@ -157,9 +157,6 @@ def evaluate_trajectories(
     ks = sorted(set(ks))
     n = len(episodes)
 
-    def total(key: str) -> float:
-        return sum(t.metrics.get(key, 0.0) for t in episodes)
-
     groups: defaultdict[tuple[str, str], list[Trajectory]] = defaultdict(list)
     for t in episodes:
         groups[(t.env, task_key(t.task))].append(t)
@@ -167,38 +164,52 @@ def evaluate_trajectories(
     min_n = min(row.n for row in tasks)
     pass_at = {k: sum(row.pass_at[k] for row in tasks) / len(tasks) for k in ks if k <= min_n}
 
+    # Each env of a mixed run gets the headline rates and reward components of its own episodes.
     per_env: dict[str, dict[str, float]] = {}
     for env in sorted({t.env for t in episodes}):
         mine = [t for t in episodes if t.env == env]
-        per_env[env] = {
-            "episodes": float(len(mine)),
-            "success_rate": sum(t.status == "success" for t in mine) / len(mine),
-            "mean_reward": sum(t.reward for t in mine) / len(mine),
-        }
+        components = _reward_components(mine)
+        per_env[env] = {"episodes": float(len(mine)), **_rates(mine)}
+        per_env[env].update({f"{REWARD_PREFIX}{name}": value for name, value in components.items()})
 
-    # A reward component is averaged over the episodes that logged it: an env without that reward says nothing.
+    return EvalReport(
+        label=label,
+        episodes=n,
+        **_rates(episodes),
+        pass_at=pass_at,
+        statuses={status: sum(t.status == status for t in episodes) for status in STATUSES},
+        per_env=per_env,
+        reward_components=_reward_components(episodes),
+        tokens_per_s=tokens_per_s,
+        tasks=tasks,
+    )
+
+
+def _rates(episodes: list[Trajectory]) -> dict[str, float]:
+    """The per-episode headline rates (tool errors per call, parse errors per model turn)."""
+    n = len(episodes)
+
+    def total(key: str) -> float:
+        return sum(t.metrics.get(key, 0.0) for t in episodes)
+
+    tool_calls, turns = total("tool_calls"), total("turns")
+    return {
+        "success_rate": sum(t.status == "success" for t in episodes) / n,
+        "mean_reward": sum(t.reward for t in episodes) / n,
+        "mean_turns": turns / n,
+        "tool_error_rate": total("tool_errors") / tool_calls if tool_calls else 0.0,
+        "parse_error_rate": total("parse_errors") / turns if turns else 0.0,
+    }
+
+
+def _reward_components(episodes: list[Trajectory]) -> dict[str, float]:
+    """Each reward component averaged over the episodes that logged it: an env without that reward says nothing."""
     components: defaultdict[str, list[float]] = defaultdict(list)
     for t in episodes:
         for key, value in t.metrics.items():
             if key.startswith(REWARD_PREFIX):
                 components[key.removeprefix(REWARD_PREFIX)].append(value)
-
-    tool_calls, turns = total("tool_calls"), total("turns")
-    return EvalReport(
-        label=label,
-        episodes=n,
-        success_rate=sum(t.status == "success" for t in episodes) / n,
-        mean_reward=sum(t.reward for t in episodes) / n,
-        mean_turns=turns / n,
-        tool_error_rate=total("tool_errors") / tool_calls if tool_calls else 0.0,
-        parse_error_rate=total("parse_errors") / turns if turns else 0.0,
-        pass_at=pass_at,
-        statuses={status: sum(t.status == status for t in episodes) for status in STATUSES},
-        per_env=per_env,
-        reward_components={name: sum(values) / len(values) for name, values in sorted(components.items())},
-        tokens_per_s=tokens_per_s,
-        tasks=tasks,
-    )
+    return {name: sum(values) / len(values) for name, values in sorted(components.items())}
 
 
 def _task_row(env: str, task_id: str, group: list[Trajectory], ks: Sequence[int]) -> TaskRow:
@@ -349,10 +360,13 @@ def summary_table(report: EvalReport) -> Table:
     table.add_row("statuses", ", ".join(f"{s} {c}" for s, c in report.statuses.items() if c) or "-")
     if len(report.per_env) > 1:
         for env, row in report.per_env.items():
+            components = "".join(f", {escape(key)} {value:.3f}" for key, value in row.items()
+                                 if key.startswith(REWARD_PREFIX))
             table.add_row(
                 f"env {escape(env)}",
                 f"{int(row['episodes'])} episodes, success {row['success_rate']:.3f}, "
-                f"reward {row['mean_reward']:.3f}",
+                f"reward {row['mean_reward']:.3f}, turns {row.get('mean_turns', 0.0):.2f}, "
+                f"tool errors {row.get('tool_error_rate', 0.0):.3f}{components}",
             )
     return table
 

@@ -18,7 +18,7 @@ from trajlab.collect import CollectConfig, collect, collected
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
-from trajlab.env.registry import load_env
+from trajlab.env.mixture import load_envs
 from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
 from trajlab.inference.base import SamplingParams
 from trajlab.models import init_tiny_model, load_tokenizer
@@ -32,7 +32,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    env = load_env(config.env)
+    env = load_envs(config.env)
 
     base = Path(config.model.path) if config.model.path else run / "model"
     if config.model.path is None and not (base / "config.json").exists():

@@ -1,20 +1,33 @@
 """Every built-in env runs unchanged as TRL GRPOTrainer's ``environment_factory``: one step on the tiny model."""
 
+import contextlib
 import os
 from unittest import mock
 
 import pytest
 
 from trajlab.env import load_env
+from trajlab.env.mixture import load_envs
 from trajlab.env.registry import registered_names
-from trajlab.env.trl import env_reward, trl_dataset
+from trajlab.env.trl import env_reward, trl_dataset, trl_environment_factory
 from trajlab.models import load_model, load_tokenizer
+
+
+def one_step_config(tmp_path):
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=1,
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=96, logging_steps=1,
+        generation_kwargs={"max_new_tokens": 16}, max_tool_calling_iterations=1, disable_tqdm=True,
+        dataloader_num_workers=0, shuffle_dataset=False,
+    )
 
 
 @pytest.mark.parametrize("name", registered_names())
 def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     spec = load_env(name)
     dataset = trl_dataset(spec, split="train", size=8)
@@ -24,12 +37,7 @@ def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
         scored.extend(environments)
         return env_reward(environments, **kwargs)
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=1,
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=96, logging_steps=1,
-        generation_kwargs={"max_new_tokens": 16}, max_tool_calling_iterations=1, disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    args = one_step_config(tmp_path)
     reset = spec.env_cls.reset
     with mock.patch.object(spec.env_cls, "reset", autospec=True, side_effect=reset) as resets:
         trainer = GRPOTrainer(model=load_model(tiny_model_dir), reward_funcs=[recording_reward], args=args,
@@ -43,3 +51,33 @@ def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
     task_ids = set(dataset["task_id"])
     reset_ids = [call.kwargs.get("task_id") for call in resets.call_args_list]
     assert len(reset_ids) >= 4 and set(reset_ids) <= task_ids, "TRL resets each episode's env with its row"
+
+
+def test_a_mixture_is_a_trl_dict_environment_factory_routed_by_its_environment_column(tiny_model_dir, tmp_path):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl import GRPOTrainer
+
+    mixture = load_envs("arithmetic,wordle")
+    dataset = trl_dataset(mixture, split="train", size=8)
+    assert dataset["environment"][:4] == ["arithmetic", "wordle", "arithmetic", "wordle"]
+    scored = []
+
+    def recording_reward(environments, **kwargs):
+        scored.extend(environments)
+        return env_reward(environments, **kwargs)
+
+    factories = trl_environment_factory(mixture)
+    assert factories == {"arithmetic": mixture.specs["arithmetic"].env_cls, "wordle": mixture.specs["wordle"].env_cls}
+    with contextlib.ExitStack() as stack:
+        resets = {name: stack.enter_context(mock.patch.object(cls, "reset", autospec=True, side_effect=cls.reset))
+                  for name, cls in factories.items()}
+        trainer = GRPOTrainer(model=load_model(tiny_model_dir), reward_funcs=[recording_reward],
+                              args=one_step_config(tmp_path), train_dataset=dataset,
+                              processing_class=load_tokenizer(tiny_model_dir), environment_factory=factories)
+        trainer.train()
+
+    assert trainer.state.global_step == 1
+    assert {type(env) for env in scored} == set(factories.values()), "both envs ran in the one step"
+    for name, reset in resets.items():
+        rows = [call.kwargs for call in reset.call_args_list]
+        assert rows and all(row["env"] == name for row in rows), f"{name} was reset only with its own rows"

@@ -22,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ParsedResponse, ToolCallParser
 from trajlab.chat.template import ChatTemplate, stop_token_ids
+from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import GenerationRequest, Generator, SamplingParams
 from trajlab.rollout.tools import execute_tool
@@ -97,20 +98,7 @@ class RolloutEngine:
         on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
     ) -> list[Trajectory]:
         """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes."""
-        gate = asyncio.Semaphore(concurrency)
-        results: list[Trajectory] = []
-
-        async def one(episode: Episode) -> None:
-            async with gate:
-                trajectory = await self.run_episode(episode)
-            results.append(trajectory)
-            if on_result is not None:
-                maybe = on_result(trajectory)
-                if maybe is not None:
-                    await maybe
-
-        await asyncio.gather(*(one(episode) for episode in episodes))
-        return results
+        return await run_concurrently(self.run_episode, episodes, concurrency=concurrency, on_result=on_result)
 
     async def run_episode(self, episode: Episode) -> Trajectory:
         """Run one episode to its end; errors are recorded in the trajectory, never raised."""
@@ -281,6 +269,68 @@ class RolloutEngine:
             policy=self.generator.name,
             split=state.episode.split,
         )
+
+
+class MixtureEngine:
+    """Runs episodes of several envs with one generator: each episode goes to the engine of its task's env.
+
+    The envs share the generator, so their turns batch together; each keeps its own tools, system prompt and
+    tool-call validation, and each trajectory is recorded under its own env's name.
+    """
+
+    def __init__(self, mixture: EnvMixture, generator: Generator, tokenizer: PreTrainedTokenizerBase,
+                 **options: Any) -> None:
+        self.mixture = mixture
+        self.engines = {name: RolloutEngine(spec, generator, tokenizer, **options)
+                        for name, spec in mixture.specs.items()}
+
+    async def run(
+        self,
+        episodes: Iterable[Episode],
+        *,
+        concurrency: int = 8,
+        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
+    ) -> list[Trajectory]:
+        """Run episodes of any env of the mixture, at most ``concurrency`` at once in all."""
+        episodes = list(episodes)
+        for episode in episodes:  # a task for no env of the mixture is a caller's error: say so before any work
+            self.mixture.spec_for(episode.task)
+        return await run_concurrently(self.run_episode, episodes, concurrency=concurrency, on_result=on_result)
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        return await self.engines[self.mixture.spec_for(episode.task).name].run_episode(episode)
+
+
+def make_engine(
+    env: EnvSpec | EnvMixture, generator: Generator, tokenizer: PreTrainedTokenizerBase, **options: Any
+) -> RolloutEngine | MixtureEngine:
+    """The engine for one env or a mixture; ``options`` are :class:`RolloutEngine`'s keyword arguments."""
+    if isinstance(env, EnvMixture):
+        return MixtureEngine(env, generator, tokenizer, **options)
+    return RolloutEngine(env, generator, tokenizer, **options)
+
+
+async def run_concurrently(
+    run_episode: Callable[[Episode], Awaitable[Trajectory]],
+    episodes: Iterable[Episode],
+    *,
+    concurrency: int,
+    on_result: Callable[[Trajectory], Awaitable[None] | None] | None,
+) -> list[Trajectory]:
+    gate = asyncio.Semaphore(concurrency)
+    results: list[Trajectory] = []
+
+    async def one(episode: Episode) -> None:
+        async with gate:
+            trajectory = await run_episode(episode)
+        results.append(trajectory)
+        if on_result is not None:
+            maybe = on_result(trajectory)
+            if maybe is not None:
+                await maybe
+
+    await asyncio.gather(*(one(episode) for episode in episodes))
+    return results
 
 
 @dataclass

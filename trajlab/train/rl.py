@@ -33,11 +33,12 @@ from transformers import DynamicCache, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
+from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import Episode, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory
 from trajlab.train.advantages import (
@@ -58,7 +59,7 @@ def run_rl(
     model_dir: str | Path,
     tokenizer: PreTrainedTokenizerBase,
     chat_template: str,
-    env: EnvSpec,
+    env: EnvSpec | EnvMixture,
     settings: RLSettings,
     rollout: RolloutSettings,
     out_dir: str | Path,
@@ -89,7 +90,7 @@ def run_rl(
         reference.to(accelerator.device)
 
     generator = HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
-    engine = RolloutEngine(
+    engine = make_engine(
         env,
         generator,
         tokenizer,
@@ -110,7 +111,8 @@ def run_rl(
         step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
         mine = step_tasks[accelerator.process_index :: accelerator.num_processes]
         episodes = [
-            Episode(f"rl:{step}:{task.get('task_id', i)}:{g}", task, split="train")
+            # the task's index keeps groups apart when two envs of a mixture (or a short task cycle) repeat an id
+            Episode(f"rl:{step}:{i}:{task.get('task_id', '')}:{g}", task, split="train")
             for i, task in enumerate(mine)
             for g in range(settings.group_size)
         ]
@@ -150,7 +152,7 @@ def run_rl(
     return final
 
 
-def _task_stream(env: EnvSpec, seed: int, skip: int) -> Iterator[dict[str, Any]]:
+def _task_stream(env: EnvSpec | EnvMixture, seed: int, skip: int) -> Iterator[dict[str, Any]]:
     """Train tasks in a fixed order (cycled), positioned after the tasks earlier steps used."""
     return itertools.islice(itertools.cycle(env.iter_tasks("train", seed)), skip, None)
 
@@ -392,6 +394,13 @@ def _step_metrics(
     }
     for key in sorted({k for t in trajectories for k in t.metrics if k.startswith("reward/")}):
         record[key] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
+    envs = sorted({t.env for t in trajectories})
+    if len(envs) > 1:  # a mixture: each env's share of the step, so one env's progress cannot hide another's
+        for env in envs:
+            mine = [i for i, t in enumerate(trajectories) if t.env == env]
+            record[f"per_env/{env}/episodes"] = float(len(mine))
+            record[f"per_env/{env}/reward"] = sum(rewards[i] for i in mine) / len(mine)
+            record[f"per_env/{env}/success_rate"] = sum(trajectories[i].status == "success" for i in mine) / len(mine)
     if not math.isfinite(record["reward"]):
         raise FloatingPointError(f"non-finite reward at step {step + 1}")
     return record
