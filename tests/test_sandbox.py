@@ -152,14 +152,31 @@ def test_a_uid_whose_holder_crashed_is_cleared_before_reuse(monkeypatch: pytest.
         with Sandbox(FAST) as heir:
             assert heir.uid == int(uid)
             assert leftovers(marker) == ""
+            if PROTECTIONS.disk_quota:
+                assert not Path(path).exists(), "the crashed sandbox's tmpfs was unmounted and removed"
     finally:
-        shutil.rmtree(path)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_file_size_limit_stops_disk_fill(sandbox: Sandbox) -> None:
     result = sandbox.run("head -c 10000000 /dev/zero > big")
     assert result.exit_code != 0
     assert os.path.getsize(sandbox.path / "big") == FAST.file_size_bytes
+
+
+@pytest.mark.skipif(not PROTECTIONS.disk_quota, reason="no private tmpfs for sandboxes on this machine (needs root)")
+def test_many_files_cannot_fill_the_disk_or_the_shared_tmp() -> None:
+    quota = SandboxLimits(file_size_bytes=4 << 20, disk_bytes=16 << 20, wall_timeout_s=10.0)
+    with Sandbox(quota) as box, Sandbox(quota) as other:
+        fill = "for d in . /tmp /var/tmp /dev/shm; do i=0; while head -c 4000000 /dev/zero > $d/f$i; do i=$((i+1)); done; done"  # noqa: E501
+        result = box.run(fill)
+        assert "No space left on device" in result.stderr and not result.timed_out
+        sizes = box.run("du -sk . /tmp | cut -f1").stdout.split()
+        assert sum(int(kib) for kib in sizes) * 1024 <= quota.disk_bytes, "all writable places share the one quota"
+        assert not any(Path(d, "f0").exists() for d in ("/tmp", "/var/tmp", "/dev/shm")), "host dirs untouched"
+        box.run("rm -f f* /tmp/f*; echo mine > /tmp/note")
+        assert other.run("cat /tmp/note").exit_code != 0, "sandboxes do not meet in /tmp"
+        assert box.run("cat /tmp/note").stdout == "mine\n", "a command's /tmp files stay for the next command"
 
 
 def test_cpu_burn_is_killed_at_the_cpu_limit() -> None:

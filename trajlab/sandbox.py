@@ -11,8 +11,12 @@ which of these this machine provides; the sandbox still runs, with fewer protect
 The limits and identity are applied by exec-ing util-linux tools (``prlimit``, ``unshare``, ``setpriv``) in front of
 the command rather than by a ``preexec_fn``, which may deadlock a process that runs many episodes on threads.
 
-Not isolated: commands can read world-readable host files and can write into world-writable directories such as
-/tmp (their files there are private by default: umask 077, per-sandbox uid).
+As root, the sandbox directory is also a size-capped tmpfs, and each command runs in its own mount namespace where
+that tmpfs stands in for /tmp, /var/tmp, /dev/shm and /run/lock: everything a command can write lives inside the cap,
+so no loop of files can fill the host's disk or memory.
+
+Not isolated: commands can read world-readable host files. Without root they can write into world-writable
+directories such as /tmp (their files there are private by default: umask 077), up to the file size limit per file.
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ from typing import IO
 #: The first one is only used to probe whether the host can switch to them.
 SANDBOX_UID_RANGE = range(1_900_000_000, 1_900_000_000 + 65_536)
 
+#: Where sandboxes live when their directory is a tmpfs mount (as root): outside every directory a command's mount
+#: namespace replaces, so the sandbox keeps its path inside.
+MOUNT_BASE_DIR = "/run/trajlab-sandboxes"
+#: World-writable places a command could otherwise fill; with a disk quota each is the sandbox's own ``.tmp``.
+#: /tmp goes last: binding it first would hide a sandbox that lives under /tmp from the later binds.
+_SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/tmp")
+# Run as root inside the command's new mount namespace: bind the sandbox's tmp over each shared writable directory
+# (one `mount` for all, from the sandbox's fstab: an exec per bind would halve throughput), then exec the rest of argv.
+_BIND_SCRIPT = 'mount --all --fstab "$1" || exit 125; shift; exec "$@"'
 _SHELL = "/bin/sh"
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _READ_CHUNK = 1 << 16
@@ -71,6 +84,7 @@ class SandboxLimits:
     open_files: int = 256
     wall_timeout_s: float = 30.0
     max_output_bytes: int = 1 << 20  # kept of stdout and of stderr each; the command is stopped beyond it
+    disk_bytes: int = 256 << 20  # all files of the sandbox together, where Protections.disk_quota (tmpfs: RAM)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -102,6 +116,9 @@ class Protections:
     network_namespace: bool
     #: The network namespace sits in a user namespace, because the host cannot create one directly.
     user_namespace: bool
+    #: The sandbox directory is a tmpfs of ``disk_bytes``, and commands see it in place of /tmp, /var/tmp, /dev/shm
+    #: and /run/lock: their files cannot fill the host's disk or memory, nor meet another sandbox's in /tmp.
+    disk_quota: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +145,7 @@ class _Platform:
     setpriv: str | None
     net_prefix: tuple[str, ...]
     protections: Protections
+    unshare: str | None = None
 
 
 def probe_protections() -> Protections:
@@ -145,14 +163,61 @@ def _platform() -> _Platform:
     private_uid = os.geteuid() == 0 and setpriv is not None and _works(_identity_prefix(setpriv, probe_uid))
     identity = _identity_prefix(setpriv, probe_uid if private_uid else None)
     net_prefix = next((prefix for prefix in _net_prefixes() if _works([*prefix, *identity])), ())
+    unshare = shutil.which("unshare")
     protections = Protections(
         private_uid=private_uid,
         process_cap=private_uid or os.geteuid() != 0,
         no_new_privs=setpriv is not None,
         network_namespace=bool(net_prefix),
         user_namespace="--map-current-user" in net_prefix,
+        disk_quota=private_uid and unshare is not None and _can_mount_private_tmp(unshare),
     )
-    return _Platform(prlimit, setpriv, net_prefix, protections)
+    return _Platform(prlimit, setpriv, net_prefix, protections, unshare)
+
+
+def _can_mount_private_tmp(unshare: str) -> bool:
+    """Whether this host can give a sandbox a tmpfs and bind it over /tmp in a command's own mount namespace."""
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            if not _mount_tmpfs(directory, size=1 << 20):
+                return False
+            try:
+                fstab = Path(directory, "fstab")
+                fstab.write_text(_fstab(Path(directory), ["/tmp"]))
+                return _works([unshare, "--mount", "--", _SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab)])
+            finally:
+                _unmount(directory)
+    except OSError:
+        return False
+
+
+def _mount_tmpfs(path: str | Path, *, size: int) -> bool:
+    """Mount a root-owned tmpfs that others may traverse but not list; the sandbox owns the directories in it."""
+    options = f"size={size},mode=0711,uid=0,gid=0,nosuid,nodev"
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "trajlab-sandbox", str(path)],
+                          capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    return done.returncode == 0
+
+
+def _fstab(source: Path, targets: Sequence[str]) -> str:
+    """fstab lines binding ``source`` over each target (fstab escapes whitespace as octal)."""
+    def escape(path: str) -> str:
+        return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+    return "".join(f"{escape(str(source))} {escape(target)} none bind 0 0\n" for target in targets)
+
+
+def _remove_stale_mount(root: str) -> None:
+    """Unmount and delete the tmpfs sandbox a crashed process left behind (recorded in its uid's lease file)."""
+    path = Path(root)
+    if root and path.parent == Path(MOUNT_BASE_DIR) and path.name.startswith("trajlab-sandbox-") and path.is_dir():
+        _unmount(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _unmount(path: str | Path) -> None:
+    """Detach a sandbox's tmpfs; lazily, so that a process still holding it open cannot make cleanup fail."""
+    subprocess.run(["umount", "--lazy", str(path)], capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False)
 
 
 def _net_prefixes() -> list[tuple[str, ...]]:
@@ -345,15 +410,41 @@ class Sandbox:
         self._lock = threading.Lock()
         self._closed = False
         self._uid, self._lease_fd = _lease_uid() if self._platform.protections.private_uid else (None, None)
+        self._mounted = False
         try:
-            self.path = Path(tempfile.mkdtemp(prefix="trajlab-sandbox-", dir=base_dir)).resolve()
+            quota = self._platform.protections.disk_quota
+            if quota and base_dir is None:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(MOUNT_BASE_DIR, 0o711)
+                base_dir = MOUNT_BASE_DIR
+            self._root = Path(tempfile.mkdtemp(prefix="trajlab-sandbox-", dir=base_dir)).resolve()
+            self.path = self._root
+            if self._uid is not None:
+                lease = os.pread(self._lease_fd, 4096, 0)
+                if lease.startswith(_BUSY):  # its last holder died without cleaning up
+                    self._kill_leftovers()
+                    _remove_stale_mount(lease[len(_BUSY):].decode(errors="replace").strip())
+            if quota and self._uid is not None:
+                # One tmpfs holds the working directory and the command's /tmp: both count against disk_bytes.
+                self._mounted = _mount_tmpfs(self._root, size=self.limits.disk_bytes)
+                if not self._mounted:
+                    raise SandboxError(f"could not mount a {self.limits.disk_bytes}-byte tmpfs at {self._root}")
+                self.path = self._root / "work"
+                for directory in (self.path, self._private_tmp):
+                    directory.mkdir(mode=0o700)
+                    os.chown(directory, self._uid, self._uid)
+                targets = [t for t in _SHARED_WRITABLE if os.path.isdir(t) and not self._root.is_relative_to(t)]
+                self._fstab_path.write_text(_fstab(self._private_tmp, targets))
             if self._uid is not None:
                 _require_traversable(self.path)
                 os.chown(self.path, self._uid, self._uid)
-                if os.pread(self._lease_fd, len(_BUSY), 0) == _BUSY:  # its last holder died without cleaning up
-                    self._kill_leftovers()
-                os.pwrite(self._lease_fd, _BUSY, 0)
+                os.ftruncate(self._lease_fd, 0)
+                os.pwrite(self._lease_fd, _BUSY + (b" " + bytes(self._root) if self._mounted else b""), 0)
         except BaseException:
+            if self._mounted:
+                _unmount(self._root)
+            with contextlib.suppress(OSError, AttributeError):  # AttributeError: failed before the directory existed
+                shutil.rmtree(self._root)
             self._release_uid()
             raise
 
@@ -407,10 +498,13 @@ class Sandbox:
             self._closed = True
             try:
                 self._kill_leftovers()
+                if self._mounted:
+                    _unmount(self._root)
                 if os.geteuid() != 0:
-                    _make_removable(self.path)
-                shutil.rmtree(self.path)
+                    _make_removable(self._root)
+                shutil.rmtree(self._root)
                 if self._lease_fd is not None:
+                    os.ftruncate(self._lease_fd, 0)
                     os.pwrite(self._lease_fd, _CLEAN, 0)  # the next holder of this uid need not kill leftovers
             finally:
                 self._release_uid()
@@ -459,8 +553,21 @@ class Sandbox:
             "--core=0",
         ]
         platform = self._platform
-        return [platform.prlimit, *rlimits, "--", *platform.net_prefix,
-                *_identity_prefix(platform.setpriv, self._uid), *argv]
+        identity = _identity_prefix(platform.setpriv, self._uid)
+        if not self._mounted:
+            return [platform.prlimit, *rlimits, "--", *platform.net_prefix, *identity, *argv]
+        # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
+        net = ["--net"] if platform.protections.network_namespace else []
+        return [platform.prlimit, *rlimits, "--", platform.unshare, "--mount", *net, "--", _SHELL, "-c",
+                _BIND_SCRIPT, "sh", str(self._fstab_path), *identity, *argv]
+
+    @property
+    def _private_tmp(self) -> Path:
+        return self._root / "tmp"
+
+    @property
+    def _fstab_path(self) -> Path:
+        return self._root / "fstab"
 
     def _environment(self) -> dict[str, str]:
         home = str(self.path)
