@@ -251,3 +251,8 @@ def test_written_files_belong_to_the_sandbox(sandbox: Sandbox) -> None:
     result = sandbox.run("sh deep/dir/tool.sh && echo more >> deep/dir/tool.sh && echo new > deep/dir/other")
     assert result.exit_code == 0, result.stderr
     assert sandbox.read_file("deep/dir/tool.sh") == b"echo okmore\n"
+
+
+def test_a_real_time_signal_is_named_by_number(sandbox: Sandbox) -> None:
+    result = sandbox.run("kill -40 $$")
+    assert result.exit_code == -40 and result.signal == "signal 40"

@@ -136,7 +136,12 @@ class SandboxResult:
     @property
     def signal(self) -> str | None:
         """Name of the signal that killed the command (``SIGXCPU``: CPU limit, ``SIGXFSZ``: file size limit)."""
-        return signal.Signals(-self.exit_code).name if self.exit_code < 0 else None
+        if self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:  # a real-time signal has no name
+            return f"signal {-self.exit_code}"
 
 
 @dataclasses.dataclass(frozen=True)

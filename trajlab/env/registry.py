@@ -61,6 +61,7 @@ class EnvSpec:
 
 _REGISTRY: dict[str, str] = {
     "arithmetic": "trajlab.env.builtin.arithmetic:SPEC",
+    "ctf": "trajlab.env.builtin.ctf:SPEC",
     "driving": "trajlab.env.builtin.driving:SPEC",
     "guess": "trajlab.env.builtin.guess:SPEC",
     "wordle": "trajlab.env.builtin.wordle:SPEC",
