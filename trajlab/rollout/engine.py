@@ -49,7 +49,42 @@ class Episode:
     split: str | None = None
 
 
-class RolloutEngine:
+class EpisodeRunner:
+    """Runs many episodes at once on one event loop; subclasses say how one episode runs."""
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        raise NotImplementedError
+
+    async def run(
+        self,
+        episodes: Iterable[Episode],
+        *,
+        concurrency: int = 8,
+        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
+    ) -> list[Trajectory]:
+        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes."""
+        episodes = list(episodes)
+        self._check(episodes)
+        gate = asyncio.Semaphore(concurrency)
+        results: list[Trajectory] = []
+
+        async def one(episode: Episode) -> None:
+            async with gate:
+                trajectory = await self.run_episode(episode)
+            results.append(trajectory)
+            if on_result is not None:
+                maybe = on_result(trajectory)
+                if maybe is not None:
+                    await maybe
+
+        await asyncio.gather(*(one(episode) for episode in episodes))
+        return results
+
+    def _check(self, episodes: list[Episode]) -> None:
+        """Refuse episodes this runner cannot run, before any of them starts."""
+
+
+class RolloutEngine(EpisodeRunner):
     """Runs episodes of one environment with one generator.
 
     Args:
@@ -89,16 +124,6 @@ class RolloutEngine:
         self.chat_template = chat_template
         self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
         self._tool_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trajlab-tool")
-
-    async def run(
-        self,
-        episodes: Iterable[Episode],
-        *,
-        concurrency: int = 8,
-        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
-    ) -> list[Trajectory]:
-        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes."""
-        return await run_concurrently(self.run_episode, episodes, concurrency=concurrency, on_result=on_result)
 
     async def run_episode(self, episode: Episode) -> Trajectory:
         """Run one episode to its end; errors are recorded in the trajectory, never raised."""
@@ -271,7 +296,7 @@ class RolloutEngine:
         )
 
 
-class MixtureEngine:
+class MixtureEngine(EpisodeRunner):
     """Runs episodes of several envs with one generator: each episode goes to the engine of its task's env.
 
     The envs share the generator, so their turns batch together; each keeps its own tools, system prompt and
@@ -284,18 +309,9 @@ class MixtureEngine:
         self.engines = {name: RolloutEngine(spec, generator, tokenizer, **options)
                         for name, spec in mixture.specs.items()}
 
-    async def run(
-        self,
-        episodes: Iterable[Episode],
-        *,
-        concurrency: int = 8,
-        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
-    ) -> list[Trajectory]:
-        """Run episodes of any env of the mixture, at most ``concurrency`` at once in all."""
-        episodes = list(episodes)
+    def _check(self, episodes: list[Episode]) -> None:
         for episode in episodes:  # a task for no env of the mixture is a caller's error: say so before any work
             self.mixture.spec_for(episode.task)
-        return await run_concurrently(self.run_episode, episodes, concurrency=concurrency, on_result=on_result)
 
     async def run_episode(self, episode: Episode) -> Trajectory:
         return await self.engines[self.mixture.spec_for(episode.task).name].run_episode(episode)
@@ -308,29 +324,6 @@ def make_engine(
     if isinstance(env, EnvMixture):
         return MixtureEngine(env, generator, tokenizer, **options)
     return RolloutEngine(env, generator, tokenizer, **options)
-
-
-async def run_concurrently(
-    run_episode: Callable[[Episode], Awaitable[Trajectory]],
-    episodes: Iterable[Episode],
-    *,
-    concurrency: int,
-    on_result: Callable[[Trajectory], Awaitable[None] | None] | None,
-) -> list[Trajectory]:
-    gate = asyncio.Semaphore(concurrency)
-    results: list[Trajectory] = []
-
-    async def one(episode: Episode) -> None:
-        async with gate:
-            trajectory = await run_episode(episode)
-        results.append(trajectory)
-        if on_result is not None:
-            maybe = on_result(trajectory)
-            if maybe is not None:
-                await maybe
-
-    await asyncio.gather(*(one(episode) for episode in episodes))
-    return results
 
 
 @dataclass
