@@ -87,9 +87,19 @@ def tool_names(env_cls: type) -> list[str]:
 def tool_schemas(env_cls: type) -> list[dict[str, Any]]:
     """JSON schemas of the tools, derived from type hints and Google docstrings by transformers.
 
+    An env whose tools are specified elsewhere (BFCL's function docs) gives their schemas as a class attribute
+    ``_tool_schemas`` mapping each tool name to its schema; those are used as they are.
+
     Raises:
         TypeError: if a tool lacks type hints or a docstring entry; the message names the tool and what to add.
     """
+    given = getattr(env_cls, "_tool_schemas", None)
+    if given is not None:
+        names = tool_names(env_cls)
+        if sorted(given) != names:
+            raise TypeError(f"{env_cls.__name__}._tool_schemas must have one schema per tool: tools without one "
+                            f"{sorted(set(names) - set(given))}, schemas of no tool {sorted(set(given) - set(names))}.")
+        return [given[name] for name in names]
     schemas = []
     for name in tool_names(env_cls):
         try:

@@ -61,6 +61,7 @@ class EnvSpec:
 
 _REGISTRY: dict[str, str] = {
     "arithmetic": "trajlab.env.builtin.arithmetic:SPEC",
+    "bfcl": "trajlab.env.builtin.bfcl:SPEC",
     "ctf": "trajlab.env.builtin.ctf:SPEC",
     "driving": "trajlab.env.builtin.driving:SPEC",
     "guess": "trajlab.env.builtin.guess:SPEC",
