@@ -43,6 +43,30 @@ def trl_environment_factory(env: EnvSpec | EnvMixture) -> type | dict[str, type]
     return env.env_cls
 
 
-def env_reward(environments: list[Any], **_: Any) -> list[float]:
-    """TRL reward function: the reward each episode's env holds when the episode ends."""
-    return [float(env.reward) for env in environments]
+def env_reward(environments: list[Any], completions: list[Any] | None = None, **_: Any) -> list[float]:
+    """TRL reward function: the reward each episode's env holds when the episode ends.
+
+    An env of several user turns (``_next_user_message``, e.g. BFCL) scores a turn when the model answers it; TRL runs
+    only the first turn and never says it ended, so a final answer (a last assistant message without tool calls) is
+    handed to the env first, as trajlab's engine would.
+    """
+    rewards = []
+    for index, env in enumerate(environments):
+        answer = _final_answer(completions[index]) if completions is not None else None
+        if answer is not None and not env.done and hasattr(env, "_next_user_message"):
+            env._next_user_message(answer)
+        rewards.append(float(env.reward))
+    return rewards
+
+
+def _final_answer(completion: Any) -> str | None:
+    """The text of a conversational completion's last message, if it is an assistant answer (no tool call)."""
+    if isinstance(completion, str):
+        return completion
+    last = completion[-1] if completion else None
+    if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    content = last.get("content")
+    if isinstance(content, list):  # content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content or "")
