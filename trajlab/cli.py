@@ -28,7 +28,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 # Rollout options shared by `collect` and `eval`; each command sets its own defaults.
-Split = Annotated[str, typer.Option(help="Task split: train or test.")]
+Split = Annotated[str, typer.Option(help="Task split: train or test (validation where the env has one, e.g. bfcl).")]
 Seed = Annotated[int, typer.Option(help="Task order seed.")]
 TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")]
 OracleTokenizer = Annotated[str | None, typer.Option(help="Tokenizer for the oracle policy (default: tiny).")]
