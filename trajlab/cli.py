@@ -426,6 +426,36 @@ def eval_compare(
     console.print(comparison_table(comparison, max_tasks=max_tasks))
 
 
+@app.command()
+def serve(
+    model: Annotated[Path, typer.Option(help="Model directory served by the hf backend.")],
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes the server to the network.")] = (
+        "127.0.0.1"),
+    served_model_name: Annotated[str | None, typer.Option(help="Name clients pass as `model` (default: the "
+                                                          "model directory's name).")] = None,
+    record_dir: Annotated[Path, typer.Option(help="One JSONL file of call records per session.")] = Path(
+        "runs/serve/sessions"),
+    parser: Parser = "auto",
+    max_batch_size: Annotated[int, typer.Option(min=1, help="Most generations batched together.")] = 32,
+    max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 4 << 20,
+    device: Annotated[str, typer.Option(help="torch device for the model, e.g. cpu or cuda.")] = "cpu",
+):
+    """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
+    import uvicorn
+
+    from trajlab.proxy.server import ServeConfig, build_app
+
+    config = ServeConfig(model=model, served_model_name=served_model_name, record_dir=record_dir, parser=parser,
+                         max_batch_size=max_batch_size, max_body_bytes=max_body_bytes, device=device)
+    try:
+        server_app = build_app(config)
+    except (OSError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"Serving {model} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
+    uvicorn.run(server_app, host=host, port=port, log_level="warning")
+
+
 def _print_summary(summary: dict, out: Path) -> None:
     table = Table(title=f"{out}", show_header=False)
     table.add_row("episodes", str(summary["episodes"]))

@@ -1,0 +1,161 @@
+"""The official ``openai`` SDK against the tiny model served on loopback; every call checked against its record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from openai import OpenAI
+
+from trajlab.chat.template import render
+from trajlab.proxy.openai_format import to_template_messages
+from trajlab.proxy.recording import read_session
+
+from .conftest import MODEL
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+TOKEN_IDS = {"return_token_ids": True}
+
+
+def client(url: str, session: str | None = None, **kwargs) -> OpenAI:
+    base = f"{url}/sessions/{session}/v1" if session else f"{url}/v1"
+    return OpenAI(base_url=base, api_key=kwargs.pop("api_key", "sk-test"), max_retries=0, timeout=60, **kwargs)
+
+
+def records(served, session: str) -> list[dict]:
+    return list(read_session(served.records / f"{session}.jsonl"))
+
+
+def as_dict(message) -> dict:
+    """An SDK response message as the next request's message (what an agent framework sends back)."""
+    return message.model_dump(exclude_none=True, exclude={"annotations", "audio", "refusal"})
+
+
+def test_models_lists_the_served_name(hf_server):
+    assert [m.id for m in client(hf_server.url).models.list()] == [MODEL]
+    assert [m.id for m in client(hf_server.url, "any-session").models.list()] == [MODEL]
+
+
+def test_multi_turn_tool_conversation_is_recorded_with_exact_tokens(hf_server):
+    api = client(hf_server.url, "tools-1")
+    messages = [{"role": "system", "content": "You answer with tools."},
+                {"role": "user", "content": "Weather in Paris?"}]
+    responses = []
+
+    def turn():
+        response = api.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], max_tokens=6,
+                                               temperature=0, logprobs=True, extra_body=TOKEN_IDS)
+        responses.append((json.loads(json.dumps(messages)), response))
+        return response
+
+    first = turn()
+    assert first.choices[0].finish_reason in ("stop", "length")
+    # The tiny model calls no tool on its own: continue as an agent that did, with OpenAI's string arguments.
+    messages.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]})
+    messages.append({"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"})
+    second = turn()
+    messages.append(as_dict(second.choices[0].message))
+    messages.append({"role": "user", "content": "And tomorrow?"})
+    turn()
+
+    stored = records(hf_server, "tools-1")
+    assert len(stored) == len(responses) == 3
+    tokenizer = hf_server.tokenizer
+    for record, (sent, response) in zip(stored, responses, strict=True):
+        assert record["request_id"] == response.id and record["session_id"] == "tools-1"
+        assert record["session_source"] == "path" and record["status"] == 200 and record["error"] is None
+        assert record["request"]["messages"] == sent and record["request"]["tools"] == [WEATHER]
+        rendered = render(tokenizer, to_template_messages(sent), [WEATHER], add_generation_prompt=True,
+                          chat_template=hf_server.template)
+        prompt = record["prompts"][0]
+        assert prompt["text"] == rendered
+        assert tokenizer.decode(prompt["token_ids"], skip_special_tokens=False) == rendered
+        assert prompt["token_ids"] == response.model_extra["prompt_token_ids"]
+        choice, answer = record["choices"][0], response.choices[0]
+        assert choice["token_ids"] == answer.model_extra["token_ids"]
+        assert len(choice["logprobs"]) == len(choice["token_ids"]) == response.usage.completion_tokens
+        assert choice["logprobs"] == [entry.logprob for entry in answer.logprobs.content]
+        assert choice["message"]["content"] == answer.message.content
+    # Tool results and string arguments reached the template as it expects them.
+    assert '"arguments": {"city": "Paris"}' in stored[1]["prompts"][0]["text"]
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in stored[1]["prompts"][0]["text"]
+    # Greedy logprobs are the model's own: log_softmax of its logits at each generated position.
+    ids = stored[2]["prompts"][0]["token_ids"] + stored[2]["choices"][0]["token_ids"]
+    with torch.no_grad():
+        logits = hf_server.model(torch.tensor([ids])).logits[0].float()
+    start = len(stored[2]["prompts"][0]["token_ids"])
+    expected = torch.log_softmax(logits[start - 1:-1], -1).gather(-1, torch.tensor(ids[start:])[:, None])[:, 0]
+    assert torch.allclose(expected, torch.tensor(stored[2]["choices"][0]["logprobs"]), atol=1e-4)
+
+
+def test_streaming_matches_the_whole_response(hf_server):
+    api = client(hf_server.url, "stream-1")
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 12,
+               "temperature": 0, "extra_body": TOKEN_IDS}
+    whole = api.chat.completions.create(**request)
+    chunks = list(api.chat.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == whole.choices[0].message.content and finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    streamed_ids = [c.choices[0].model_extra["token_ids"] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert streamed_ids == [whole.choices[0].model_extra["token_ids"]]
+    stored = records(hf_server, "stream-1")
+    assert [r["request"].get("stream", False) for r in stored] == [False, True]
+    assert stored[1]["choices"][0]["token_ids"] == streamed_ids[0]
+
+
+def test_n_choices_are_generated_and_recorded(hf_server):
+    response = client(hf_server.url, "n-2").chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say something."}], n=2, max_tokens=5, temperature=1.0,
+        top_p=0.9, extra_body=TOKEN_IDS)
+    assert [c.index for c in response.choices] == [0, 1]
+    (record,) = records(hf_server, "n-2")
+    assert [c["token_ids"] for c in record["choices"]] == [c.model_extra["token_ids"] for c in response.choices]
+    assert response.usage.completion_tokens == sum(len(c["token_ids"]) for c in record["choices"])
+    assert record["sampling"]["n"] == 2 and record["sampling"]["top_p"] == 0.9
+
+
+def test_stop_string_cuts_text_and_tokens(hf_server):
+    api = client(hf_server.url, "stop-1")
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me more."}], "max_tokens": 10,
+               "temperature": 0, "extra_body": TOKEN_IDS}
+    full = api.chat.completions.create(**request)
+    text, ids = full.choices[0].message.content, full.choices[0].model_extra["token_ids"]
+    if len(text.strip()) < 4:
+        pytest.skip("greedy output too short to cut")
+    stop = text.strip()[2:4]
+    cut = api.chat.completions.create(**request, stop=[stop])
+    choice = cut.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content == text[:text.find(stop)]
+    kept = choice.model_extra["token_ids"]
+    tokenizer = hf_server.tokenizer
+    assert kept == ids[:len(kept)] and stop in tokenizer.decode(kept) and stop not in tokenizer.decode(kept[:-1])
+    record = records(hf_server, "stop-1")[1]
+    assert record["choices"][0]["stop"] == stop and record["choices"][0]["token_ids"] == kept
+
+
+def test_completions_endpoint_and_sessions_from_header_and_api_key(hf_server):
+    api = client(hf_server.url, default_headers={"X-Trajlab-Session": "by-header"})
+    response = api.completions.create(model=MODEL, prompt="The weather", max_tokens=4, temperature=0,
+                                      extra_body=TOKEN_IDS)
+    assert response.object == "text_completion" and response.choices[0].finish_reason in ("stop", "length")
+    (record,) = records(hf_server, "by-header")
+    assert record["endpoint"] == "/v1/completions" and record["session_source"] == "header"
+    assert record["choices"][0]["token_ids"] == response.choices[0].model_extra["token_ids"]
+    assert record["choices"][0]["text"] == response.choices[0].text
+
+    client(hf_server.url, api_key="secret-key-123").chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    (keyed,) = [path for path in hf_server.records.glob("key-*.jsonl")]
+    assert "secret-key-123" not in keyed.read_text()
+    assert next(read_session(keyed))["session_source"] == "api_key"

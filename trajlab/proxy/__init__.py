@@ -1,0 +1,10 @@
+"""OpenAI-compatible server that records every call of every session with its exact token ids.
+
+``create_app`` builds the FastAPI app from already-built collaborators (generator, tokenizer, chat template, parser,
+recorder); ``server.build_app`` loads them from a model directory for ``trajlab serve``.
+"""
+
+from trajlab.proxy.app import ServeLimits, create_app
+from trajlab.proxy.recording import SessionRecorder
+
+__all__ = ["ServeLimits", "SessionRecorder", "create_app"]

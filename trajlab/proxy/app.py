@@ -1,0 +1,313 @@
+"""The FastAPI app: ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``, each also under
+``/sessions/{id}/``, every call recorded in its session's file before the response is sent.
+
+Bodies are read and decoded here rather than by FastAPI, so an oversized body is refused before it is parsed and
+malformed JSON gets an OpenAI-format 400 like every other bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from transformers import PreTrainedTokenizerBase
+
+from trajlab.chat.parsers import ToolCallParser
+from trajlab.chat.template import render, stop_token_ids
+from trajlab.inference.base import Generator
+from trajlab.proxy.completion import Completer
+from trajlab.proxy.errors import APIError, bad_request, error_response
+from trajlab.proxy.openai_format import (
+    ChatCompletionRequest,
+    Choice,
+    CompletionRequest,
+    chat_logprobs,
+    completion_logprobs,
+    parse_request,
+    parse_tool_choice,
+    to_template_messages,
+    validate_tools,
+)
+from trajlab.proxy.recording import RECORD_SCHEMA, SessionRecorder
+from trajlab.proxy.sessions import resolve_session
+from trajlab.proxy.streaming import chat_chunks, completion_chunks, sse
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may ask for."""
+
+    max_body_bytes: int = 4 << 20
+    """Larger request bodies get 413 before they are parsed."""
+    max_context: int = 32768
+    """Prompt plus completion tokens; longer prompts get 400 ``context_length_exceeded``."""
+    default_max_tokens: int = 1024
+    """Completion tokens when a chat request sets no ``max_tokens`` (never more than the context has left)."""
+
+
+@dataclass
+class _Call:
+    """What is known about one call so far; becomes its record."""
+
+    session: str
+    source: str
+    request_id: str
+    endpoint: str
+    started: float
+    body: Any = None
+
+    def record(self, model: str, **fields: Any) -> dict[str, Any]:
+        return {"schema": RECORD_SCHEMA, "session_id": self.session, "session_source": self.source,
+                "request_id": self.request_id, "endpoint": self.endpoint, "timestamp": self.started,
+                "duration_s": round(time.time() - self.started, 6), "model": model, "request": self.body, **fields}
+
+
+def create_app(
+    generator: Generator,
+    tokenizer: PreTrainedTokenizerBase,
+    template: str,
+    parser: ToolCallParser,
+    model_name: str,
+    recorder: SessionRecorder,
+    limits: ServeLimits | None = None,
+) -> FastAPI:
+    """Build the server around already-built collaborators.
+
+    Args:
+        generator: one backend for every request (the ``hf`` generator batches concurrent requests).
+        tokenizer: the model's tokenizer.
+        template: a prefix-preserving chat template (``resolve_chat_template``), so a session's prompts only grow.
+        parser: reads tool calls out of completions.
+        model_name: the only name ``model`` may take; listed by ``/v1/models``.
+        recorder: where each session's calls are written.
+        limits: body size, context length and default token budget.
+    """
+    limits = limits or ServeLimits()
+    completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
+    app = FastAPI(title="trajlab serve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def read_body(request: Request, call: _Call) -> Any:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise _too_large(int(declared), limits.max_body_bytes)
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limits.max_body_bytes:
+                raise _too_large(len(body), limits.max_body_bytes)
+        try:
+            call.body = json.loads(body, parse_constant=_refuse_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from exc
+        return call.body
+
+    def check_model(name: str) -> None:
+        if name != model_name:
+            raise APIError(404, f"The model {name!r} does not exist; this server serves {model_name!r}.",
+                           param="model", code="model_not_found")
+
+    def budget(requested: int | None, prompt_tokens: int, default: int) -> int:
+        room = limits.max_context - prompt_tokens
+        if room <= 0:
+            raise bad_request(
+                f"the prompt is {prompt_tokens} tokens; this model's context is {limits.max_context} tokens",
+                param="messages", code="context_length_exceeded")
+        if requested is not None and requested > room:
+            raise bad_request(
+                f"max_tokens={requested} plus the {prompt_tokens}-token prompt exceeds this model's context of "
+                f"{limits.max_context} tokens", param="max_tokens", code="context_length_exceeded")
+        return requested if requested is not None else min(default, room)
+
+    async def handle(request: Request, session_path: str | None, endpoint: str, work) -> Response:
+        """Resolve the session, run ``work``, record the outcome (success or error) in the session's file."""
+        session, source = resolve_session(request, session_path)
+        prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
+        call = _Call(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
+        try:
+            response, fields, stream = await work(request, call)
+        except APIError as exc:
+            await _record(call.record(model_name, status=exc.status, error=exc.body()["error"]))
+            raise
+        except Exception as exc:
+            logger.exception("request %s failed", call.request_id)
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+            await _record(call.record(model_name, status=500, error=error.body()["error"]))
+            raise error from exc
+        await _record(call.record(model_name, status=200, **fields, error=None))
+        if stream is not None:
+            return StreamingResponse(sse(stream), media_type="text/event-stream")
+        return JSONResponse(response)
+
+    async def _record(record: dict[str, Any]) -> None:
+        await asyncio.to_thread(recorder.append, record["session_id"], record)
+
+    async def chat_work(request: Request, call: _Call):
+        req = parse_request(ChatCompletionRequest, await read_body(request, call))
+        check_model(req.model)
+        tools = validate_tools(req.tools)
+        parse_tools = parse_tool_choice(req.tool_choice, bool(tools))
+        if req.top_logprobs:
+            raise bad_request("top_logprobs is not supported: only the sampled tokens' logprobs are known",
+                              param="top_logprobs")
+        stops = req.stop_strings()
+        messages = to_template_messages(req.messages)
+        try:
+            prompt_text = render(tokenizer, messages, tools, add_generation_prompt=True, chat_template=template)
+        except Exception as exc:  # the template's own checks (role order, missing fields) are the client's error
+            raise bad_request(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+        params = completer.sampling(budget(req.token_budget(), len(prompt_ids), limits.default_max_tokens),
+                                    req.temperature, req.top_p)
+        results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools)
+        choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools)
+                   for i, r in enumerate(results)]
+        response = {
+            "id": call.request_id, "object": "chat.completion", "created": int(call.started), "model": model_name,
+            "choices": [_chat_choice(c, completer, req.logprobs, req.return_token_ids) for c in choices],
+            "usage": _usage(len(prompt_ids), choices),
+        }
+        if req.return_token_ids:
+            response["prompt_token_ids"] = prompt_ids
+        fields = _record_fields([(prompt_text, prompt_ids)], [(0, c) for c in choices], params, stops, req.n,
+                                response["usage"], completer)
+        stream = chat_chunks(response, req.include_usage()) if req.stream else None
+        return response, fields, stream
+
+    async def completion_work(request: Request, call: _Call):
+        req = parse_request(CompletionRequest, await read_body(request, call))
+        check_model(req.model)
+        if req.echo or req.suffix is not None or (req.best_of is not None and req.best_of != req.n):
+            raise bad_request("echo, suffix and best_of are not supported", param="echo")
+        if req.logprobs:
+            raise bad_request("only logprobs=0 is supported: top alternatives are not known", param="logprobs")
+        stops = req.stop_strings()
+        prompts = _completion_prompts(req.prompt, tokenizer)
+        longest = max(len(ids) for _, ids in prompts)
+        params = completer.sampling(budget(req.token_budget(), longest, 16), req.temperature, req.top_p)
+        per_prompt = await asyncio.gather(*(completer.generate(ids, params, req.n) for _, ids in prompts))
+        pairs = [(p, completer.choice(p * req.n + j, r, stops, prompt_ids=prompts[p][1], parse_tools=False))
+                 for p, results in enumerate(per_prompt) for j, r in enumerate(results)]
+        choices = []
+        for p, c in pairs:
+            out = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason,
+                   "logprobs": completion_logprobs(c, completer.token_texts(c.token_ids))
+                   if req.logprobs is not None else None}
+            if req.return_token_ids:
+                out.update(prompt_token_ids=prompts[p][1], token_ids=c.token_ids)
+            choices.append(out)
+        usage = _usage(sum(len(ids) for _, ids in prompts), [c for _, c in pairs])
+        response = {"id": call.request_id, "object": "text_completion", "created": int(call.started),
+                    "model": model_name, "choices": choices, "usage": usage}
+        fields = _record_fields(prompts, pairs, params, stops, req.n, usage, completer)
+        stream = completion_chunks(response, req.include_usage()) if req.stream else None
+        return response, fields, stream
+
+    # ------------------------------------------------------------------------------------------------------ routes
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await handle(request, None, "/v1/chat/completions", chat_work)
+
+    @app.post("/sessions/{session_id:path}/v1/chat/completions")
+    async def session_chat(request: Request, session_id: str) -> Response:
+        return await handle(request, session_id, "/v1/chat/completions", chat_work)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await handle(request, None, "/v1/completions", completion_work)
+
+    @app.post("/sessions/{session_id:path}/v1/completions")
+    async def session_completions(request: Request, session_id: str) -> Response:
+        return await handle(request, session_id, "/v1/completions", completion_work)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "trajlab",
+                "max_model_len": limits.max_context}
+
+    @app.get("/v1/models")
+    @app.get("/sessions/{session_id:path}/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    # ------------------------------------------------------------------------------------------------------ errors
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, str(exc.errors()[:1]))
+
+    return app
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
+                    code="request_too_large")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrainedTokenizerBase):
+    """(text, token ids) per prompt; text prompts are tokenized with the tokenizer's special tokens (BOS)."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        if any(not 0 <= p < len(tokenizer) for p in prompt):
+            raise bad_request(f"prompt token ids must be in [0, {len(tokenizer)})", param="prompt")
+        return [(tokenizer.decode(prompt, skip_special_tokens=False), list(prompt))]
+    return [(text, tokenizer.encode(text)) for text in prompt]
+
+
+def _chat_choice(choice: Choice, completer: Completer, logprobs: bool, token_ids: bool) -> dict[str, Any]:
+    out = {"index": choice.index, "message": choice.message(), "finish_reason": choice.finish_reason,
+           "logprobs": chat_logprobs(choice, completer.token_texts(choice.token_ids)) if logprobs else None}
+    if token_ids:
+        out["token_ids"] = choice.token_ids
+    return out
+
+
+def _usage(prompt_tokens: int, choices: list[Choice]) -> dict[str, int]:
+    completion = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+
+
+def _record_fields(prompts, pairs, params, stops, n, usage, completer: Completer) -> dict[str, Any]:
+    """The token-level part of a call record: exact prompt ids, and per choice its ids, logprobs and meaning."""
+    return {
+        "prompts": [{"text": text, "token_ids": ids} for text, ids in prompts],
+        "sampling": {"n": n, "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+                     "top_p": params.top_p, "stop": stops, "stop_token_ids": list(params.stop_token_ids)},
+        "choices": [
+            {"index": c.index, "prompt_index": p, "token_ids": c.token_ids, "logprobs": c.logprobs, "text": c.text,
+             "finish_reason": c.finish_reason, "stop": c.stop, "message": c.message(),
+             "parse_errors": c.parsed.errors if c.parsed is not None else []}
+            for p, c in pairs
+        ],
+        "usage": usage,
+    }
