@@ -31,7 +31,10 @@ def _fail(message: str) -> typer.Exit:
 Split = Annotated[str, typer.Option(help="Task split: train or test (validation where the env has one, e.g. bfcl).")]
 Seed = Annotated[int, typer.Option(help="Task order seed.")]
 TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")]
-OracleTokenizer = Annotated[str | None, typer.Option(help="Tokenizer for the oracle policy (default: tiny).")]
+OracleTokenizer = Annotated[str | None, typer.Option(
+    help="Tokenizer of the oracle policy (default: tiny), or, required, the served model's for a server --policy.")]
+PolicyHelp = ("'oracle' (the env's reference policy), a model directory, or an OpenAI-compatible server's URL "
+              "http://host:port/v1[#model] (needs --tokenizer).")
 Parser = Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")]
 Concurrency = Annotated[int, typer.Option(min=1, help="Episodes run at once.")]
 MaxTurns = Annotated[int, typer.Option(min=1, help="Model turns per episode.")]
@@ -97,7 +100,7 @@ def model_init(
 def collect(
     env: Annotated[str, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'; several "
                                      "comma-separated names mix envs (tasks carry an 'env' column).")],
-    policy: Annotated[str, typer.Option(help="'oracle' (the env's reference policy) or a model directory.")],
+    policy: Annotated[str, typer.Option(help=PolicyHelp)],
     episodes: Annotated[int, typer.Option(min=1, help="Number of episodes the output file should hold.")],
     out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
     split: Split = "train",
@@ -138,14 +141,28 @@ def _collect_config(
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 
-    if policy != "oracle" and not Path(policy).is_dir():
-        raise ValueError(f"--policy must be 'oracle' or a model directory; {policy!r} is neither.")
+    if policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
+        raise ValueError(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]);"
+                         f" {policy!r} is none of these.")
     return CollectConfig(
         env=load_envs(env), policy=policy, episodes=episodes, out=out, tasks_file=tasks,
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
         limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, tool_timeout_s=tool_timeout),
         **options,
     )
+
+
+def _is_server(policy: str) -> bool:
+    return policy.startswith(("http://", "https://"))
+
+
+def _policy_label(policy: str) -> str:
+    """A policy's name in tables: oracle, a model directory's name, or a server's model (else its URL)."""
+    if policy == "oracle":
+        return policy
+    if _is_server(policy):
+        return policy.partition("#")[2] or policy
+    return Path(policy).name
 
 
 def _collect_with_progress(config: CollectConfig, label: str) -> dict:
@@ -342,7 +359,7 @@ def eval_run(
     ctx: typer.Context,
     env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'; "
                                             "comma-separated names mix envs.")] = None,
-    policy: Annotated[str | None, typer.Option(help="'oracle' (the env's reference policy) or a model dir.")] = None,
+    policy: Annotated[str | None, typer.Option(help=PolicyHelp)] = None,
     out: Annotated[Path | None, typer.Option(help="Run dir for trajectories.jsonl + eval.json; resumed.")] = None,
     num_tasks: Annotated[int | None, typer.Option(min=1, help="Tasks to use (default 32, or all of --tasks).")] = None,
     samples_per_task: Annotated[int, typer.Option(min=1, help="Episodes per task; pass@k needs k <= this.")] = 1,
@@ -392,7 +409,7 @@ def eval_run(
         report = evaluate_trajectories(
             collected(config),
             ks=ks,
-            label=label or ("oracle" if policy == "oracle" else Path(policy).name),
+            label=label or _policy_label(policy),
             tokens_per_s=summary["tokens_per_s"] or None,  # None when every episode was already on disk
         )
     except ValueError as exc:
@@ -454,6 +471,44 @@ def serve(
         raise _fail(str(exc)) from exc
     console.print(f"Serving {model} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
     uvicorn.run(server_app, host=host, port=port, log_level="warning")
+
+
+traces_app = typer.Typer(help="Recorded `trajlab serve` sessions: export them as trajectories.", no_args_is_help=True)
+app.add_typer(traces_app, name="traces")
+
+
+@traces_app.command("export")
+def traces_export(
+    out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, ids already there are kept.")],
+    tokenizer: Annotated[Path, typer.Option(help="The served model's directory (its tokenizer and chat template).")],
+    record_dir: Annotated[Path, typer.Option(help="Directory of the session files.")] = Path("runs/serve/sessions"),
+    session: Annotated[list[str] | None, typer.Option(help="Session id to export; repeatable (default: all).")] = None,
+    env: Annotated[str, typer.Option(help="The trajectories' env field.")] = "recorded",
+    reward: Annotated[str | None, typer.Option(help="Score each trajectory with 'module:function' (returns a "
+                                               "float, or (float, success)); unscored ones are failures.")] = None,
+    choice: Annotated[int, typer.Option(min=0, help="Which choice of each call extends the history.")] = 0,
+    all_choices: Annotated[bool, typer.Option(help="Also export every other choice of n > 1 calls as a fork.")] = False,
+    drop_if: Annotated[list[str] | None, typer.Option(help="Drop auxiliary calls: KEY=REGEX with KEY system, tools, "
+                                                      "model or endpoint (e.g. 'tools=^$'); repeatable.")] = None,
+):
+    """Rebuild trajectories from session recordings: calls that extend a conversation merge, edited ones fork."""
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.data.store import StoreError
+    from trajlab.models import load_tokenizer
+    from trajlab.proxy.export import DropRule, export_sessions, load_reward, session_files
+
+    try:
+        rules = [DropRule.parse(rule) for rule in drop_if or []]
+        score = load_reward(reward) if reward else None
+        paths = session_files(record_dir, session)
+        loaded = load_tokenizer(tokenizer)
+        summary = export_sessions(paths, out, loaded, resolve_chat_template(loaded), env=env, reward=score,
+                                  choice=choice, all_choices=all_choices, drop=rules)
+    except (OSError, StoreError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"Exported {summary['written']} trajectories to {out} from {summary['sessions']} sessions "
+                  f"({summary['calls']} calls, {summary['samples']} samples; {summary['already']} already there, "
+                  f"{summary['dropped']} calls dropped, {summary['skipped']} skipped)")
 
 
 def _print_summary(summary: dict, out: Path) -> None:

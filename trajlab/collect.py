@@ -32,14 +32,14 @@ from trajlab.rollout.types import Trajectory
 @dataclass
 class CollectConfig:
     env: EnvSpec | EnvMixture
-    policy: str  # "oracle" or a model directory
+    policy: str  # "oracle", a model directory, or an OpenAI-compatible server's URL (http://host:port/v1[#model])
     episodes: int
     out: Path
     split: str = "train"
     seed: int = 0
     samples_per_task: int = 1
     tasks_file: Path | None = None
-    tokenizer: str | None = None  # for the oracle: whose tokens the demonstrations are written in
+    tokenizer: str | None = None  # for the oracle or a server: whose tokens the trajectories are written in
     parser: str = "auto"
     concurrency: int = 8
     sampling: SamplingParams = SamplingParams()
@@ -110,10 +110,26 @@ def build_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
         tokenizer = load_tokenizer(config.tokenizer or ensure_default_model())
         template = resolve_chat_template(tokenizer)
         return ScriptedGenerator(config.env.oracle, tokenizer, template, name="oracle"), tokenizer, template
+    if str(config.policy).startswith(("http://", "https://")):
+        return _server_policy(config)
     tokenizer = load_tokenizer(config.policy)
     template = resolve_chat_template(tokenizer)
     model = load_model(config.policy)
     return HFGenerator(model, tokenizer, name=str(config.policy)), tokenizer, template
+
+
+def _server_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
+    """``--policy http://host:port/v1[#model]``: an OpenAI-compatible server, read with the local ``--tokenizer``."""
+    from trajlab.inference.openai_server import OpenAIGenerator, served_model, split_policy_url
+
+    if config.tokenizer is None:
+        raise ValueError(f"--policy {config.policy} is a server: pass --tokenizer with the served model's "
+                         "directory (prompts are rendered and tool calls read locally, in its tokens).")
+    base_url, model = split_policy_url(config.policy)
+    model = served_model(base_url, model)
+    tokenizer = load_tokenizer(config.tokenizer)
+    template = resolve_chat_template(tokenizer)
+    return OpenAIGenerator(base_url, model, tokenizer), tokenizer, template
 
 
 def collect(

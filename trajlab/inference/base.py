@@ -37,11 +37,14 @@ class GenerationResult:
 
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was sampled from
     (logits / temperature, before top-k/top-p filtering), or None when the backend cannot know it.
+    ``text_only`` says the ids are not the ones the model produced but its reply text re-tokenized (a server that
+    returns no token ids); the engine marks such trajectories ``metrics["text_only"] = 1.0``.
     """
 
     token_ids: list[int]
     logprobs: list[float | None]
     finish_reason: Literal["stop", "length"]
+    text_only: bool = False
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -170,6 +170,8 @@ class RolloutEngine(EpisodeRunner):
             state.tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
             state.counters["turns"] += 1
             state.counters["model_tokens"] += len(result.token_ids)
+            if result.text_only:  # re-tokenized reply text: the record is not token-exact, and says so
+                state.counters["text_only"] = 1.0
 
             text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
             if result.finish_reason == "length":
