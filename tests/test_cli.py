@@ -62,7 +62,7 @@ def test_collect_with_the_untrained_model_records_failures_honestly(tmp_path, ti
     ("args", "message"),
     [
         (["--env", "arithmetik", "--policy", "oracle"], "Did you mean 'arithmetic'"),
-        (["--env", "arithmetic", "--policy", "/no/such/model"], "neither"),
+        (["--env", "arithmetic", "--policy", "/no/such/model"], "none of these"),
         (["--env", "arithmetic", "--policy", "oracle", "--split", "dev"], "splits ['train', 'test']"),
     ],
 )
