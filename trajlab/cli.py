@@ -445,7 +445,10 @@ def eval_compare(
 
 @app.command()
 def serve(
-    model: Annotated[Path, typer.Option(help="Model directory served by the hf backend.")],
+    model: Annotated[Path | None, typer.Option(help="Model directory served by the hf backend.")] = None,
+    upstream: Annotated[str | None, typer.Option(
+        help="Instead of --model: forward to this OpenAI-compatible server (e.g. http://127.0.0.1:8001/v1) and "
+             "record in between.")] = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port to listen on.")] = 8000,
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes the server to the network.")] = (
         "127.0.0.1"),
@@ -463,13 +466,16 @@ def serve(
 
     from trajlab.proxy.server import ServeConfig, build_app
 
-    config = ServeConfig(model=model, served_model_name=served_model_name, record_dir=record_dir, parser=parser,
-                         max_batch_size=max_batch_size, max_body_bytes=max_body_bytes, device=device)
+    if upstream is not None and (model is not None or served_model_name is not None):
+        raise _fail("--upstream forwards to a server that serves its own model: drop --model and "
+                    "--served-model-name (--parser, --max-batch-size and --device do not apply either).")
+    config = ServeConfig(model=model, upstream=upstream, served_model_name=served_model_name, record_dir=record_dir,
+                         parser=parser, max_batch_size=max_batch_size, max_body_bytes=max_body_bytes, device=device)
     try:
         server_app = build_app(config)
     except (OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
-    console.print(f"Serving {model} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
+    console.print(f"Serving {model or upstream} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
     uvicorn.run(server_app, host=host, port=port, log_level="warning")
 
 

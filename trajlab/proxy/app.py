@@ -12,6 +12,8 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +59,7 @@ class ServeLimits:
 
 
 @dataclass
-class _Call:
+class CallContext:
     """What is known about one call so far; becomes its record."""
 
     session: str
@@ -66,6 +68,7 @@ class _Call:
     endpoint: str
     started: float
     body: Any = None
+    model: str = ""
 
     def record(self, model: str, **fields: Any) -> dict[str, Any]:
         return {"schema": RECORD_SCHEMA, "session_id": self.session, "session_source": self.source,
@@ -95,22 +98,6 @@ def create_app(
     """
     limits = limits or ServeLimits()
     completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
-    app = FastAPI(title="trajlab serve", docs_url=None, redoc_url=None, openapi_url=None)
-
-    async def read_body(request: Request, call: _Call) -> Any:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise _too_large(int(declared), limits.max_body_bytes)
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limits.max_body_bytes:
-                raise _too_large(len(body), limits.max_body_bytes)
-        try:
-            call.body = json.loads(body, parse_constant=_refuse_constant)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from exc
-        return call.body
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -129,31 +116,8 @@ def create_app(
                 f"{limits.max_context} tokens", param="max_tokens", code="context_length_exceeded")
         return requested if requested is not None else min(default, room)
 
-    async def handle(request: Request, session_path: str | None, endpoint: str, work) -> Response:
-        """Resolve the session, run ``work``, record the outcome (success or error) in the session's file."""
-        session, source = resolve_session(request, session_path)
-        prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
-        call = _Call(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
-        try:
-            response, fields, stream = await work(request, call)
-        except APIError as exc:
-            await _record(call.record(model_name, status=exc.status, error=exc.body()["error"]))
-            raise
-        except Exception as exc:
-            logger.exception("request %s failed", call.request_id)
-            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
-            await _record(call.record(model_name, status=500, error=error.body()["error"]))
-            raise error from exc
-        await _record(call.record(model_name, status=200, **fields, error=None))
-        if stream is not None:
-            return StreamingResponse(sse(stream), media_type="text/event-stream")
-        return JSONResponse(response)
-
-    async def _record(record: dict[str, Any]) -> None:
-        await asyncio.to_thread(recorder.append, record["session_id"], record)
-
-    async def chat_work(request: Request, call: _Call):
-        req = parse_request(ChatCompletionRequest, await read_body(request, call))
+    async def chat_work(request: Request, call: CallContext):
+        req = parse_request(ChatCompletionRequest, await read_body(request, call, limits.max_body_bytes))
         check_model(req.model)
         tools = validate_tools(req.tools)
         parse_tools = parse_tool_choice(req.tool_choice, bool(tools))
@@ -184,8 +148,8 @@ def create_app(
         stream = chat_chunks(response, req.include_usage()) if req.stream else None
         return response, fields, stream
 
-    async def completion_work(request: Request, call: _Call):
-        req = parse_request(CompletionRequest, await read_body(request, call))
+    async def completion_work(request: Request, call: CallContext):
+        req = parse_request(CompletionRequest, await read_body(request, call, limits.max_body_bytes))
         check_model(req.model)
         if req.echo or req.suffix is not None or (req.best_of is not None and req.best_of != req.n):
             raise bad_request("echo, suffix and best_of are not supported", param="echo")
@@ -213,6 +177,67 @@ def create_app(
         stream = completion_chunks(response, req.include_usage()) if req.stream else None
         return response, fields, stream
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": 0, "owned_by": "trajlab",
+                "max_model_len": limits.max_context}
+
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    return openai_app(chat_work, completion_work, list_models, recorder, model_name)
+
+
+WorkResult = tuple[dict[str, Any], dict[str, Any], Iterator[dict[str, Any]] | None]
+Work = Callable[[Request, "CallContext"], Awaitable[WorkResult]]
+"""Answers one call: (the response, the record's token-level fields, the stream's chunks or None)."""
+
+
+def openai_app(
+    chat_work: Work, completion_work: Work, list_models: Callable[[], Awaitable[dict[str, Any]]],
+    recorder: SessionRecorder, model_name: str, on_shutdown: Callable[[], Awaitable[None]] | None = None,
+) -> FastAPI:
+    """The routes, session resolution, recording and error handling shared by every backend.
+
+    Args:
+        chat_work: answers ``/v1/chat/completions``.
+        completion_work: answers ``/v1/completions``.
+        list_models: the body of ``/v1/models``.
+        recorder: where each session's calls are written.
+        model_name: the record's ``model`` when ``work`` sets none on the call.
+        on_shutdown: awaited when the server stops (closes the upstream backend's connections).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if on_shutdown is not None:
+            await on_shutdown()
+
+    app = FastAPI(title="trajlab serve", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+    async def handle(request: Request, session_path: str | None, endpoint: str, work) -> Response:
+        """Resolve the session, run ``work``, record the outcome (success or error) in the session's file."""
+        session, source = resolve_session(request, session_path)
+        prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
+        call = CallContext(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
+        try:
+            response, fields, stream = await work(request, call)
+        except APIError as exc:
+            await _record(call.record(call.model or model_name, status=exc.status, error=exc.body()["error"]))
+            raise
+        except Exception as exc:
+            logger.exception("request %s failed", call.request_id)
+            error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+            await _record(call.record(call.model or model_name, status=500, error=error.body()["error"]))
+            raise error from exc
+        await _record(call.record(call.model or model_name, status=200, **fields, error=None))
+        if stream is not None:
+            return StreamingResponse(sse(stream), media_type="text/event-stream")
+        return JSONResponse(response)
+
+    async def _record(record: dict[str, Any]) -> None:
+        await asyncio.to_thread(recorder.append, record["session_id"], record)
+
     # ------------------------------------------------------------------------------------------------------ routes
 
     @app.post("/v1/chat/completions")
@@ -231,14 +256,10 @@ def create_app(
     async def session_completions(request: Request, session_id: str) -> Response:
         return await handle(request, session_id, "/v1/completions", completion_work)
 
-    def model_card() -> dict[str, Any]:
-        return {"id": model_name, "object": "model", "created": 0, "owned_by": "trajlab",
-                "max_model_len": limits.max_context}
-
     @app.get("/v1/models")
     @app.get("/sessions/{session_id:path}/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card()]}
+        return await list_models()
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -260,6 +281,23 @@ def create_app(
         return error_response(400, str(exc.errors()[:1]))
 
     return app
+
+
+async def read_body(request: Request, call: CallContext, max_bytes: int) -> Any:
+    """The decoded JSON body, kept on ``call`` for its record; 413 past ``max_bytes``, 400 when malformed."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(int(declared), max_bytes)
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > max_bytes:
+            raise _too_large(len(body), max_bytes)
+    try:
+        call.body = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from exc
+    return call.body
 
 
 def _too_large(size: int, limit: int) -> APIError:

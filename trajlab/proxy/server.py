@@ -13,13 +13,16 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
 from trajlab.proxy.recording import SessionRecorder
+from trajlab.proxy.upstream import UpstreamBackend, create_upstream_app
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything ``trajlab serve`` needs besides host and port."""
 
-    model: Path
+    model: Path | None = None
+    upstream: str | None = None
+    """An OpenAI base URL to forward to instead of loading ``model`` (exactly one of the two)."""
     served_model_name: str | None = None
     record_dir: Path = Path("runs/serve/sessions")
     parser: str = "auto"
@@ -31,10 +34,21 @@ class ServeConfig:
 def build_app(config: ServeConfig) -> FastAPI:
     """Load tokenizer, chat template, parser and model; one ``hf`` generator serves every request.
 
+    With ``upstream`` set nothing is loaded: calls are forwarded there and recorded (``proxy.upstream``).
+
     Raises:
         FileNotFoundError / OSError: the model directory cannot be loaded.
-        ValueError: unknown parser, or a chat template that rewrites history (``TemplateNotPrefixPreservingError``).
+        ValueError: unknown parser, or a chat template that rewrites history (``TemplateNotPrefixPreservingError``);
+            both or neither of ``model`` and ``upstream``.
     """
+    if (config.model is None) == (config.upstream is None):
+        raise ValueError("give exactly one of --model (serve a model directory) and --upstream (forward to a server)")
+    if config.upstream is not None:
+        if not config.upstream.startswith(("http://", "https://")):
+            raise ValueError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8001/v1, not "
+                             f"{config.upstream!r}")
+        limits = ServeLimits(max_body_bytes=config.max_body_bytes)
+        return create_upstream_app(UpstreamBackend(config.upstream), SessionRecorder(config.record_dir), limits)
     tokenizer = load_tokenizer(config.model)
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
