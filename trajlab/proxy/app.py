@@ -240,21 +240,20 @@ def openai_app(
 
     # ------------------------------------------------------------------------------------------------------ routes
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await handle(request, None, "/v1/chat/completions", chat_work)
+    def routes(endpoint: str, work: Work) -> None:
+        """``endpoint`` and its ``/sessions/{id}`` twin, both answered by ``work``."""
 
-    @app.post("/sessions/{session_id:path}/v1/chat/completions")
-    async def session_chat(request: Request, session_id: str) -> Response:
-        return await handle(request, session_id, "/v1/chat/completions", chat_work)
+        async def plain(request: Request) -> Response:
+            return await handle(request, None, endpoint, work)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await handle(request, None, "/v1/completions", completion_work)
+        async def in_session(request: Request, session_id: str) -> Response:
+            return await handle(request, session_id, endpoint, work)
 
-    @app.post("/sessions/{session_id:path}/v1/completions")
-    async def session_completions(request: Request, session_id: str) -> Response:
-        return await handle(request, session_id, "/v1/completions", completion_work)
+        app.add_api_route(endpoint, plain, methods=["POST"])
+        app.add_api_route("/sessions/{session_id:path}" + endpoint, in_session, methods=["POST"])
+
+    routes("/v1/chat/completions", chat_work)
+    routes("/v1/completions", completion_work)
 
     @app.get("/v1/models")
     @app.get("/sessions/{session_id:path}/v1/models")
