@@ -69,3 +69,18 @@ def test_collect_with_the_untrained_model_records_failures_honestly(tmp_path, ti
 def test_collect_bad_input_is_a_clear_error(args, message, tmp_path, tiny_model_dir):
     result = invoke("collect", *args, "--tokenizer", tiny_model_dir, "--episodes", 2, "--out", tmp_path / "x.jsonl")
     assert result.exit_code == 2 and message in result.stdout
+
+
+def test_evolve_writes_the_result_folder_and_resumes(tmp_path, tiny_model_dir):
+    args = ("evolve", "--env", "arithmetic", "--policy", tiny_model_dir, "--reflection", tiny_model_dir,
+            "--out", tmp_path, "--train-tasks", 3, "--val-tasks", 2, "--max-turns", 2, "--max-new-tokens", 16,
+            "--reflection-max-new-tokens", 16)
+    result = invoke(*args, "--max-metric-calls", 2)
+    assert result.exit_code == 0, result.stdout
+    assert "1 candidates in 2 rollouts" in result.stdout
+    result = invoke(*args, "--max-metric-calls", 8)
+    assert result.exit_code == 0, result.stdout
+    summary = json.loads((tmp_path / "result" / "summary.json").read_text())
+    assert summary["resumed"] and summary["rollouts"] >= 8 and (tmp_path / "result" / "best_prompt.txt").exists()
+    assert invoke("evolve", "--env", "arithmetic", "--policy", "nowhere", "--reflection", tiny_model_dir,
+                  "--out", tmp_path, "--max-metric-calls", 2).exit_code == 2

@@ -304,6 +304,73 @@ def rl(
 
 
 @app.command()
+def evolve(
+    env: Annotated[str, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")],
+    policy: Annotated[str, typer.Option(help=PolicyHelp)],
+    reflection: Annotated[str, typer.Option(help="Reflection LM: a model directory or an OpenAI-compatible "
+                                            "server's URL http://host:port/v1\\[#model] (chat completions).")],
+    out: Annotated[Path, typer.Option(help="Run dir: gepa/ (state; re-running resumes) and result/.")],
+    max_metric_calls: Annotated[int, typer.Option(min=1, help="Rollout budget (one episode = one metric call).")],
+    train_tasks: Annotated[int, typer.Option(min=1, help="Train-split tasks GEPA reflects on.")] = 32,
+    val_tasks: Annotated[int, typer.Option(min=1, help="The next train-split tasks, scoring every candidate.")] = 16,
+    minibatch_size: Annotated[int, typer.Option(min=1, help="Tasks per reflection minibatch.")] = 3,
+    seed_prompt: Annotated[str | None, typer.Option(help="The prompt to start from (default: the env's).")] = None,
+    seed: Seed = 0,
+    tokenizer: OracleTokenizer = None,
+    parser: Parser = "auto",
+    concurrency: Concurrency = 8,
+    max_turns: MaxTurns = 8,
+    max_episode_tokens: MaxEpisodeTokens = 2048,
+    max_new_tokens: MaxNewTokens = 128,
+    temperature: Temperature = 0.0,
+    tool_timeout: ToolTimeout = 10.0,
+    reflection_max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per reflection reply.")] = 1024,
+):
+    """Evolve the system prompt with GEPA on rollouts of POLICY; writes OUT/result/best_prompt.txt."""
+    import itertools
+
+    from trajlab.chat.parsers import get_parser
+    from trajlab.collect import CollectConfig, build_policy
+    from trajlab.env.registry import load_env
+    from trajlab.evolve.adapter import TrajlabAdapter
+    from trajlab.evolve.reflection import load_reflection_lm
+    from trajlab.evolve.run import run_evolve
+    from trajlab.inference.base import SamplingParams
+    from trajlab.rollout.engine import RolloutLimits
+
+    if "," in env:
+        raise _fail("trajlab evolve runs one env; pass a single --env.")
+    if policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
+        raise _fail(f"--policy must be 'oracle', a model directory or a server URL; {policy!r} is none of these.")
+    try:
+        spec = load_env(env)
+        rows = list(itertools.islice(spec.iter_tasks("train", seed), train_tasks + val_tasks))
+        if len(rows) < train_tasks + val_tasks:
+            raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; --train-tasks + --val-tasks asks for "
+                             f"{train_tasks + val_tasks}.")
+        generator, policy_tokenizer, template = build_policy(
+            CollectConfig(env=spec, policy=policy, episodes=1, out=out, tokenizer=tokenizer))
+        adapter = TrajlabAdapter(
+            spec, generator, policy_tokenizer, chat_template=template, parser=get_parser(parser, policy_tokenizer),
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+            limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
+                                 tool_timeout_s=tool_timeout),
+            concurrency=concurrency,
+        )
+        reflection_lm = load_reflection_lm(reflection, max_new_tokens=reflection_max_new_tokens)
+        summary = run_evolve(
+            adapter, reflection_lm, rows[:train_tasks], rows[train_tasks:],
+            seed_prompt=seed_prompt if seed_prompt is not None else spec.system_prompt or "", out=out,
+            max_metric_calls=max_metric_calls, reflection_minibatch_size=minibatch_size, seed=seed,
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    console.print(f"{summary['candidates']} candidates in {summary['rollouts']} rollouts; validation score "
+                  f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best, "
+                  f"#{summary['best_index']}). Wrote {out / 'result'}")
+
+
+@app.command()
 def run(
     config: Annotated[Path, typer.Argument(help="Pipeline YAML (see configs/quickstart.yaml).")],
     run_dir: Annotated[str | None, typer.Option(help="Override run_dir from the config.")] = None,

@@ -1,0 +1,28 @@
+"""The reflection LM from an OpenAI-compatible server: ``trajlab serve``'s real app with the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.proxy.conftest import MODEL, running
+from trajlab.chat.parsers import get_parser
+from trajlab.evolve.reflection import ServerReflection, load_reflection_lm
+from trajlab.inference.hf import HFGenerator
+from trajlab.models import load_model
+from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+
+
+def test_a_server_reflects_through_chat_completions(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
+    app = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
+                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeLimits())
+    with running(app) as url:
+        reflection = load_reflection_lm(f"{url}/v1#{MODEL}", max_new_tokens=8)
+        assert isinstance(reflection, ServerReflection) and reflection.model == MODEL
+        assert isinstance(reflection("Write a better instruction in a ``` block."), str)
+        with pytest.raises(ValueError, match="does not serve"):
+            load_reflection_lm(f"{url}/v1#no-such-model")
+
+
+def test_a_bad_reflection_spec_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="model directory or a server URL"):
+        load_reflection_lm(str(tmp_path / "missing"))

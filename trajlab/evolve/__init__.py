@@ -1,0 +1,1 @@
+"""Prompt evolution: the system prompt optimised with ``gepa`` on trajlab rollouts."""

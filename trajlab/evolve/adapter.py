@@ -1,0 +1,175 @@
+"""The trajlab adapter for ``gepa``: a candidate system prompt is scored by real trajlab rollouts.
+
+GEPA evolves named texts; here the one text is ``system_prompt``. Evaluating a candidate runs episodes of the env on
+a batch of tasks through the same engine, parser, chat template and reward as collection, evaluation and RL, with
+the candidate as the system prompt. Each episode's score is its reward; its trace is a compact transcript (tool
+calls with arguments, tool and parse errors, the final answer) that the reflection LM reads with the reward
+components as feedback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from gepa import EvaluationBatch
+from transformers import PreTrainedTokenizerBase
+
+from trajlab.chat.parsers import ToolCallParser
+from trajlab.env.registry import EnvSpec
+from trajlab.inference.base import Generator, SamplingParams
+from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.rewards import REWARDS, check_weights, score
+from trajlab.rollout.types import Trajectory
+
+COMPONENT = "system_prompt"
+"""The name of the one text GEPA evolves."""
+
+MAX_FIELD_CHARS = 300
+"""Longer tool results and messages are cut in transcripts: the reflection LM needs the shape, not every byte."""
+
+
+class TrajlabAdapter:
+    """GEPA's adapter protocol over trajlab rollouts; a data instance is one task (a row ``reset`` receives).
+
+    Args:
+        env: the environment spec.
+        generator: the task policy (a local model, a server, or a scripted policy).
+        tokenizer: the policy's tokenizer.
+        chat_template: its prefix-preserving template.
+        parser: its tool-call parser.
+        sampling: sampling settings for every turn.
+        limits: turn, token and tool-time limits.
+        weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
+        concurrency: episodes run at once.
+    """
+
+    propose_new_texts = None
+    """None: GEPA proposes new prompts with its own reflection template and the configured reflection LM.
+
+    GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
+    """
+
+    def __init__(
+        self,
+        env: EnvSpec,
+        generator: Generator,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        chat_template: str,
+        parser: ToolCallParser,
+        sampling: SamplingParams | None = None,
+        limits: RolloutLimits | None = None,
+        weights: Mapping[str, float] | None = None,
+        concurrency: int = 8,
+    ) -> None:
+        # One engine for every candidate: GEPA evaluates one candidate at a time, so each call sets its prompt.
+        self.engine = RolloutEngine(env, generator, tokenizer, chat_template=chat_template, parser=parser,
+                                    sampling=sampling, limits=limits)
+        if weights is not None:
+            check_weights(weights)
+        self.weights = dict(weights) if weights is not None else None
+        self.concurrency = concurrency
+        self.rollouts = 0
+
+    def evaluate(
+        self, batch: list[dict[str, Any]], candidate: dict[str, str], capture_traces: bool = False
+    ) -> EvaluationBatch:
+        """Roll out ``candidate`` on every task of ``batch``; a failed episode scores 0 and its trace says why."""
+        self.engine.system_prompt = candidate[COMPONENT]
+        episodes = [Episode(id=f"evolve:{index}", task=dict(task)) for index, task in enumerate(batch)]
+        finished = asyncio.run(self.engine.run(episodes, concurrency=self.concurrency)) if episodes else []
+        self.rollouts += len(finished)
+        by_id = {trajectory.id: trajectory for trajectory in finished}
+        trajectories = [by_id[episode.id] for episode in episodes]  # engine.run returns in finishing order
+        scores = [self.episode_score(trajectory) for trajectory in trajectories]
+        outputs = [_output(trajectory, value) for trajectory, value in zip(trajectories, scores, strict=True)]
+        traces = [trace(trajectory, value) for trajectory, value in zip(trajectories, scores, strict=True)]
+        return EvaluationBatch(outputs=outputs, scores=scores, trajectories=traces if capture_traces else None)
+
+    def episode_score(self, trajectory: Trajectory) -> float:
+        """The episode's score: 0 for an episode that errored, else the env reward (or the weighted reward)."""
+        components = {name: fn(trajectory) for name, fn in REWARDS.items()}
+        trajectory.metrics.update({f"reward/{name}": value for name, value in components.items()})
+        if trajectory.status == "error":
+            return 0.0
+        return score(trajectory, self.weights) if self.weights is not None else trajectory.reward
+
+    def make_reflective_dataset(
+        self, candidate: dict[str, str], eval_batch: EvaluationBatch, components_to_update: list[str]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Per component, one record per episode in GEPA's recommended keys: Inputs, Generated Outputs, Feedback."""
+        records = [
+            {"Inputs": item["task"], "Generated Outputs": item["transcript"], "Feedback": item["feedback"]}
+            for item in eval_batch.trajectories or []
+        ]
+        return {component: records for component in components_to_update}
+
+
+def trace(trajectory: Trajectory, value: float) -> dict[str, Any]:
+    """What the reflection LM reads about one episode: the task, a compact transcript and feedback text."""
+    return {"task": _task_text(trajectory), "transcript": transcript(trajectory),
+            "feedback": feedback(trajectory, value)}
+
+
+def transcript(trajectory: Trajectory) -> str:
+    """The episode after its first user message: model text, tool calls with arguments, tool results, notes."""
+    lines = []
+    for message in trajectory.messages[_first_user(trajectory) + 1:]:
+        role, content = message["role"], _cut(str(message.get("content") or ""))
+        if role == "assistant":
+            if content:
+                lines.append(f"assistant: {content}")
+            for call in message.get("tool_calls") or []:
+                function = call["function"]
+                lines.append(f"call {function['name']}({json.dumps(function['arguments'], sort_keys=True)})")
+        elif role == "tool":
+            lines.append(f"-> {message.get('name', 'tool')}: {content}")
+        else:
+            lines.append(f"{role}: {content}")
+    if trajectory.error:
+        lines.append(f"episode error: {trajectory.error}")
+    return "\n".join(lines) if lines else "(the model never acted)"
+
+
+def feedback(trajectory: Trajectory, value: float) -> str:
+    """Score, status, stop reason, every reward component and the error counts, as one short text."""
+    metrics = trajectory.metrics
+    components = ", ".join(f"{name} {metrics.get(f'reward/{name}', 0.0):.2f}" for name in REWARDS)
+    parts = [f"score {value:.2f} ({trajectory.status}, stopped by {trajectory.stop_reason or 'error'})",
+             f"reward components: {components}"]
+    kinds = sorted(key.partition("/")[2] for key in metrics if key.startswith("tool_errors/"))
+    if metrics.get("tool_errors"):
+        parts.append(f"tool errors: {int(metrics['tool_errors'])} ({', '.join(kinds)})")
+    if metrics.get("parse_errors"):
+        parts.append(f"malformed tool calls: {int(metrics['parse_errors'])}")
+    if trajectory.error:
+        parts.append(f"error: {trajectory.error}")
+    return "; ".join(parts)
+
+
+def _output(trajectory: Trajectory, value: float) -> dict[str, Any]:
+    """The per-episode output GEPA keeps (plain data: it is pickled into the run directory's state)."""
+    answers = [m.get("content") for m in trajectory.messages if m["role"] == "assistant" and not m.get("tool_calls")]
+    return {"task_id": trajectory.task.get("task_id"), "score": value, "status": trajectory.status,
+            "final_answer": answers[-1] if answers else None, "error": trajectory.error}
+
+
+def _first_user(trajectory: Trajectory) -> int:
+    return next((i for i, m in enumerate(trajectory.messages) if m["role"] == "user"), len(trajectory.messages))
+
+
+def _task_text(trajectory: Trajectory) -> str:
+    index = _first_user(trajectory)
+    if index < len(trajectory.messages):
+        return str(trajectory.messages[index]["content"])
+    return _cut(json.dumps(trajectory.task, sort_keys=True, default=str))  # reset failed: show the task row
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + " [...]"
+
+
+__all__ = ["COMPONENT", "TrajlabAdapter", "feedback", "trace", "transcript"]

@@ -1,0 +1,98 @@
+"""The reflection LM: a plain ``prompt -> text`` callable, which is all ``gepa`` asks of one.
+
+GEPA writes the reflection prompt (the current system prompt plus the reflective dataset) and reads the new prompt
+back from the reply's fenced block. The model behind it is any trajlab policy backend: a local model directory
+(generated with the ``hf`` generator under the tokenizer's chat template) or an OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ReflectionLM = Callable[[str], str]
+
+
+def load_reflection_lm(spec: str, *, max_new_tokens: int = 1024, temperature: float = 0.7) -> ReflectionLM:
+    """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM; a server's model is checked up front."""
+    if spec.startswith(("http://", "https://")):
+        return ServerReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
+    if not Path(spec).is_dir():
+        raise ValueError(f"--reflection must be a model directory or a server URL (http://host:port/v1[#model]); "
+                         f"{spec!r} is neither.")
+    return LocalReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
+
+
+class LocalReflection:
+    """A local causal LM as the reflection LM: the prompt as one user turn, generated with :class:`HFGenerator`.
+
+    Args:
+        model_dir: a local Hugging Face model directory.
+        max_new_tokens: the reply's length limit.
+        temperature: sampling temperature (0 = greedy).
+        max_prompt_tokens: longer prompts keep their last tokens (the reflective dataset is the long part).
+    """
+
+    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 1024, temperature: float = 0.7,
+                 max_prompt_tokens: int = 8192) -> None:
+        from trajlab.chat.template import resolve_chat_template, stop_token_ids
+        from trajlab.inference.hf import HFGenerator
+        from trajlab.models import load_model, load_tokenizer
+
+        self.tokenizer = load_tokenizer(model_dir)
+        self.chat_template = resolve_chat_template(self.tokenizer)
+        self.generator = HFGenerator(load_model(model_dir), self.tokenizer, name=str(model_dir))
+        self.stop = tuple(stop_token_ids(self.tokenizer))
+        self.max_new_tokens, self.temperature, self.max_prompt_tokens = max_new_tokens, temperature, max_prompt_tokens
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        from trajlab.inference.base import GenerationRequest, SamplingParams
+
+        messages = [{"role": "user", "content": _text(prompt)}]
+        rendered = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                      add_generation_prompt=True)
+        ids = self.tokenizer.encode(rendered, add_special_tokens=False)[-self.max_prompt_tokens:]
+        params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                stop_token_ids=self.stop)
+        result = asyncio.run(self.generator.generate(GenerationRequest(prompt_ids=ids, params=params)))
+        return self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+
+
+class ServerReflection:
+    """An OpenAI-compatible server's chat completions as the reflection LM (``URL#model`` picks the model)."""
+
+    def __init__(self, url: str, *, max_new_tokens: int = 1024, temperature: float = 0.7,
+                 timeout_s: float = 600.0) -> None:
+        import openai
+
+        from trajlab.inference.openai_server import served_model, split_policy_url
+
+        base_url, model = split_policy_url(url)
+        self.model = served_model(base_url, model)
+        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                                    timeout=timeout_s)
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+
+    def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
+        reply = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": _text(prompt)}],
+            max_tokens=self.max_new_tokens, temperature=self.temperature,
+        )
+        return reply.choices[0].message.content or ""
+
+
+def _text(prompt: str | list[dict[str, Any]]) -> str:
+    """GEPA sends a string, or chat messages when its dataset holds images: keep their text parts."""
+    if isinstance(prompt, str):
+        return prompt
+    parts = []
+    for message in prompt:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        else:
+            parts.extend(part.get("text", "") for part in content or [] if part.get("type") == "text")
+    return "\n".join(parts)
