@@ -330,32 +330,29 @@ def evolve(
     import itertools
 
     from trajlab.chat.parsers import get_parser
-    from trajlab.collect import CollectConfig, build_policy
-    from trajlab.env.registry import load_env
+    from trajlab.collect import build_policy
     from trajlab.evolve.adapter import TrajlabAdapter
     from trajlab.evolve.reflection import load_reflection_lm
     from trajlab.evolve.run import run_evolve
-    from trajlab.inference.base import SamplingParams
-    from trajlab.rollout.engine import RolloutLimits
 
     if "," in env:
         raise _fail("trajlab evolve runs one env; pass a single --env.")
-    if policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
-        raise _fail(f"--policy must be 'oracle', a model directory or a server URL; {policy!r} is none of these.")
     try:
-        spec = load_env(env)
+        # The same policy, sampling and limits as `collect` would use (and the same checks of --policy).
+        config = _collect_config(
+            env, policy, 1, out, tasks=None, tokenizer=tokenizer, max_turns=max_turns,
+            max_episode_tokens=max_episode_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
+            tool_timeout=tool_timeout,
+        )
+        spec = config.env
         rows = list(itertools.islice(spec.iter_tasks("train", seed), train_tasks + val_tasks))
         if len(rows) < train_tasks + val_tasks:
             raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; --train-tasks + --val-tasks asks for "
                              f"{train_tasks + val_tasks}.")
-        generator, policy_tokenizer, template = build_policy(
-            CollectConfig(env=spec, policy=policy, episodes=1, out=out, tokenizer=tokenizer))
+        generator, policy_tokenizer, template = build_policy(config)
         adapter = TrajlabAdapter(
             spec, generator, policy_tokenizer, chat_template=template, parser=get_parser(parser, policy_tokenizer),
-            sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-            limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
-                                 tool_timeout_s=tool_timeout),
-            concurrency=concurrency,
+            sampling=config.sampling, limits=config.limits, concurrency=concurrency,
         )
         reflection_lm = load_reflection_lm(reflection, max_new_tokens=reflection_max_new_tokens)
         summary = run_evolve(

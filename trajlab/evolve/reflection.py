@@ -8,7 +8,6 @@ back from the reply's fenced block. The model behind it is any trajlab policy ba
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,12 +37,12 @@ class LocalReflection:
 
     def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 1024, temperature: float = 0.7,
                  max_prompt_tokens: int = 8192) -> None:
-        from trajlab.chat.template import resolve_chat_template, stop_token_ids
+        from trajlab.chat.template import ChatTemplate, resolve_chat_template, stop_token_ids
         from trajlab.inference.hf import HFGenerator
         from trajlab.models import load_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
-        self.chat_template = resolve_chat_template(self.tokenizer)
+        self.chat = ChatTemplate(self.tokenizer, [], resolve_chat_template(self.tokenizer))
         self.generator = HFGenerator(load_model(model_dir), self.tokenizer, name=str(model_dir))
         self.stop = tuple(stop_token_ids(self.tokenizer))
         self.max_new_tokens, self.temperature, self.max_prompt_tokens = max_new_tokens, temperature, max_prompt_tokens
@@ -51,10 +50,7 @@ class LocalReflection:
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
         from trajlab.inference.base import GenerationRequest, SamplingParams
 
-        messages = [{"role": "user", "content": _text(prompt)}]
-        rendered = self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                      add_generation_prompt=True)
-        ids = self.tokenizer.encode(rendered, add_special_tokens=False)[-self.max_prompt_tokens:]
+        ids = self.chat.prompt_ids([{"role": "user", "content": _text(prompt)}])[-self.max_prompt_tokens:]
         params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                 stop_token_ids=self.stop)
         result = asyncio.run(self.generator.generate(GenerationRequest(prompt_ids=ids, params=params)))
@@ -68,12 +64,11 @@ class ServerReflection:
                  timeout_s: float = 600.0) -> None:
         import openai
 
-        from trajlab.inference.openai_server import served_model, split_policy_url
+        from trajlab.inference.openai_server import api_key_or_placeholder, served_model, split_policy_url
 
         base_url, model = split_policy_url(url)
         self.model = served_model(base_url, model)
-        self.client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                                    timeout=timeout_s)
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key_or_placeholder(), timeout=timeout_s)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
 
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:

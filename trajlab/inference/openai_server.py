@@ -46,7 +46,7 @@ def served_model(base_url: str, model: str | None = None, *, api_key: str | None
     Asking first means a wrong URL, a server that is down or a misspelled model fails once, before any episode runs,
     with a ValueError that says what to check.
     """
-    client = openai.OpenAI(base_url=base_url, api_key=_key(api_key), timeout=timeout_s, max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=api_key_or_placeholder(api_key), timeout=timeout_s, max_retries=0)
     try:
         models = [model.id for model in client.models.list()]
     except openai.APIConnectionError as exc:
@@ -94,7 +94,7 @@ class OpenAIGenerator:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tokenizer = tokenizer
-        self.api_key = _key(api_key)
+        self.api_key = api_key_or_placeholder(api_key)
         self.timeout = openai.Timeout(timeout_s, connect=connect_timeout_s)
         self.max_retries = max_retries
         self.name = name or f"{self.base_url}#{model}"
@@ -157,8 +157,9 @@ class OpenAIGenerator:
         return self._client
 
 
-def _key(api_key: str | None) -> str:
-    # The client insists on a key; servers without auth ignore this placeholder.
+def api_key_or_placeholder(api_key: str | None = None) -> str:
+    """The key to send: the given one, else $OPENAI_API_KEY, else a placeholder that servers without auth ignore
+    (the client insists on a key)."""
     return api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "EMPTY")
 
 
