@@ -73,14 +73,29 @@ def test_collect_bad_input_is_a_clear_error(args, message, tmp_path, tiny_model_
 
 def test_evolve_writes_the_result_folder_and_resumes(tmp_path, tiny_model_dir):
     args = ("evolve", "--env", "arithmetic", "--policy", tiny_model_dir, "--reflection", tiny_model_dir,
-            "--out", tmp_path, "--train-tasks", 3, "--val-tasks", 2, "--max-turns", 2, "--max-new-tokens", 16,
-            "--reflection-max-new-tokens", 16)
+            "--out", tmp_path, "--train-tasks", 3, "--val-tasks", 2, "--set", "rollout.max_turns=2",
+            "--set", "rollout.max_new_tokens=16", "--set", "evolve.reflection_max_new_tokens=16")
     result = invoke(*args, "--max-metric-calls", 2)
     assert result.exit_code == 0, result.stdout
-    assert "1 candidates in 2 rollouts" in result.stdout
+    assert "1 candidates, 2 rollouts (2 this run) for 2 metric calls" in " ".join(result.stdout.split())
     result = invoke(*args, "--max-metric-calls", 8)
     assert result.exit_code == 0, result.stdout
     summary = json.loads((tmp_path / "result" / "summary.json").read_text())
-    assert summary["resumed"] and summary["rollouts"] >= 8 and (tmp_path / "result" / "best_prompt.txt").exists()
-    assert invoke("evolve", "--env", "arithmetic", "--policy", "nowhere", "--reflection", tiny_model_dir,
-                  "--out", tmp_path, "--max-metric-calls", 2).exit_code == 2
+    assert summary["resumed"] and summary["metric_calls"] >= 8 and (tmp_path / "result" / "best_prompt.txt").exists()
+    assert summary["rollouts"] == summary["rollouts_this_run"] + 2
+
+
+def test_evolve_says_what_is_wrong(tmp_path, tiny_model_dir):
+    def error(*args):
+        result = invoke("evolve", *args)
+        assert result.exit_code == 2
+        return " ".join(result.stdout.split())
+
+    assert "'nowhere' is none of these" in error("--env", "arithmetic", "--policy", "nowhere", "--out", tmp_path)
+    assert "give --env, or a --config" in error("--policy", tiny_model_dir)
+    assert "runs one env" in error("--env", "arithmetic,wordle", "--policy", tiny_model_dir)
+    assert "evolve.max_metric_cals: unknown key (did you mean 'max_metric_calls'?)" in error(
+        "--env", "arithmetic", "--set", "evolve.max_metric_cals=3")
+    assert "The oracle cannot reflect" in error("--env", "arithmetic", "--policy", "oracle", "--out", tmp_path)
+    assert "no tool(s) ['divide']" in error("--env", "arithmetic", "--policy", "oracle", "--tool", "divide",
+                                              "--reflection", tiny_model_dir, "--out", tmp_path / "t")

@@ -44,3 +44,44 @@ def test_run_refuses_a_misspelled_key(tmp_path):
     config.write_text(CONFIG.format(run_dir=tmp_path / "run").replace("max_steps", "max_stepz"))
     result = CliRunner().invoke(app, ["run", str(config)])
     assert result.exit_code == 2 and "sft.max_stepz: unknown key (did you mean 'max_steps'?)" in result.stdout
+
+
+def test_an_evolve_stage_hands_its_prompt_to_the_stages_after_it(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""run_dir: {tmp_path / "run"}
+env: arithmetic
+stages: [eval, evolve, eval]
+rollout: {{max_turns: 2, max_new_tokens: 16}}
+evolve: {{max_metric_calls: 6, train_tasks: 3, val_tasks: 2, reflection_max_new_tokens: 16, tools: [submit]}}
+eval: {{tasks: 3}}
+""")
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    run = tmp_path / "run"
+    assert [r["label"] for r in json.loads((run / "results.json").read_text())] == ["untrained", "untrained+evolved"]
+    best = json.loads((run / "evolve" / "result" / "best_candidate.json").read_text())
+    assert set(best) == {"system_prompt", "tool:submit"}
+    seed_ids = [json.loads(line)["id"] for line in (run / "eval-0-untrained" / "trajectories.jsonl").open()]
+    evolved_ids = [json.loads(line)["id"] for line in (run / "eval-1-untrained+evolved" / "trajectories.jsonl").open()]
+    assert all(":prompt-" in i for i in evolved_ids) and not any(":prompt-" in i for i in seed_ids)
+    again = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
+    assert again.exit_code == 0 and "evolve: already done" in again.stdout
+
+
+def test_rollout_prompt_file_is_what_every_stage_shows_the_model(tmp_path, tiny_tokenizer):
+    prompts = tmp_path / "best_candidate.json"
+    prompts.write_text(json.dumps({"system_prompt": "EVOLVED-SYSTEM-XYZ", "tool:submit": "EVOLVED-SUBMIT-ABC"}))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""run_dir: {tmp_path / "run"}
+env: arithmetic
+stages: [eval]
+rollout: {{max_turns: 1, max_new_tokens: 4, prompt_file: {prompts}}}
+eval: {{tasks: 2}}
+""")
+    result = CliRunner().invoke(app, ["run", str(config)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    line = (tmp_path / "run" / "eval-0-untrained" / "trajectories.jsonl").open().readline()
+    prompt = tiny_tokenizer.decode(json.loads(line)["tokens"]["prompt_ids"])
+    assert "EVOLVED-SYSTEM-XYZ" in prompt and "EVOLVED-SUBMIT-ABC" in prompt
+    assert "Submit the final" not in prompt  # the docstring's description is replaced, not added to

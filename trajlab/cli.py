@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from trajlab.collect import CollectConfig
@@ -23,7 +25,7 @@ console = Console()
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")  # messages quote user input: no markup in them
     return typer.Exit(code=2)
 
 
@@ -43,6 +45,9 @@ MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")
 Temperature = Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")]
 ToolTimeout = Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")]
 SystemPrompt = Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")]
+PromptFile = Annotated[Path | None, typer.Option(
+    help="Roll out with evolved texts: trajlab evolve's result/best_candidate.json (system prompt and tool "
+         "descriptions) or a text file holding the system prompt.")]
 
 
 @app.command()
@@ -116,6 +121,7 @@ def collect(
     temperature: Temperature = 1.0,
     tool_timeout: ToolTimeout = 10.0,
     system_prompt: SystemPrompt = None,
+    prompt_file: PromptFile = None,
 ):
     """Roll out a policy on an env and append the trajectories to OUT, then print a summary."""
     try:
@@ -123,7 +129,7 @@ def collect(
             env, policy, episodes, out, split=split, seed=seed, samples_per_task=samples_per_task, tasks=tasks,
             tokenizer=tokenizer, parser=parser, concurrency=concurrency, max_turns=max_turns,
             max_episode_tokens=max_episode_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
-            tool_timeout=tool_timeout, system_prompt=system_prompt,
+            tool_timeout=tool_timeout, system_prompt=system_prompt, prompt_file=prompt_file,
         )
         summary = _collect_with_progress(config, "collect")
     except ValueError as exc:
@@ -133,19 +139,22 @@ def collect(
 
 def _collect_config(
     env: str, policy: str, episodes: int, out: Path, *, max_new_tokens: int, temperature: float, max_turns: int,
-    max_episode_tokens: int, tool_timeout: float, tasks: Path | None, **options,
+    max_episode_tokens: int, tool_timeout: float, tasks: Path | None, system_prompt: str | None,
+    prompt_file: Path | None, **options,
 ) -> CollectConfig:
     """The CollectConfig behind `collect` and `eval`; ValueError names a bad option."""
     from trajlab.collect import CollectConfig
     from trajlab.env.mixture import load_envs
+    from trajlab.evolve.candidate import prompted
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 
     if policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
         raise ValueError(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]);"
                          f" {policy!r} is none of these.")
+    spec, system_prompt = prompted(load_envs(env), system_prompt, prompt_file)
     return CollectConfig(
-        env=load_envs(env), policy=policy, episodes=episodes, out=out, tasks_file=tasks,
+        env=spec, policy=policy, episodes=episodes, out=out, tasks_file=tasks, system_prompt=system_prompt,
         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
         limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, tool_timeout_s=tool_timeout),
         **options,
@@ -305,66 +314,102 @@ def rl(
 
 @app.command()
 def evolve(
-    env: Annotated[str, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")],
-    policy: Annotated[str, typer.Option(help=PolicyHelp)],
-    reflection: Annotated[str, typer.Option(help="Reflection LM: a model directory or an OpenAI-compatible "
-                                            "server's URL http://host:port/v1\\[#model] (chat completions).")],
-    out: Annotated[Path, typer.Option(help="Run dir: gepa/ (state; re-running resumes) and result/.")],
-    max_metric_calls: Annotated[int, typer.Option(min=1, help="Rollout budget (one episode = one metric call).")],
-    train_tasks: Annotated[int, typer.Option(min=1, help="Train-split tasks GEPA reflects on.")] = 32,
-    val_tasks: Annotated[int, typer.Option(min=1, help="The next train-split tasks, scoring every candidate.")] = 16,
-    minibatch_size: Annotated[int, typer.Option(min=1, help="Tasks per reflection minibatch.")] = 3,
-    seed_prompt: Annotated[str | None, typer.Option(help="The prompt to start from (default: the env's).")] = None,
-    seed: Seed = 0,
+    config: Annotated[Path | None, typer.Option(help="A run config: its env, model, rollout and evolve sections "
+                                                "(see configs/evolve.yaml); the options below override it.")] = None,
+    env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")] = None,
+    policy: Annotated[str | None, typer.Option(help=PolicyHelp + " Default: the config's model (model.path, else "
+                                               "the tiny model).")] = None,
+    reflection: Annotated[str | None, typer.Option(
+        help="Reflection LM: a model directory or an OpenAI-compatible server's URL http://host:port/v1\\[#model] "
+             "(chat completions). Default: evolve.reflection, else the policy's own model.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run dir: gepa/ (state and rollouts; re-running resumes) and "
+                                             "result/. Default: RUN_DIR/evolve.")] = None,
+    max_metric_calls: Annotated[int | None, typer.Option(
+        min=1, help="Rollout budget: one episode is one metric call (default 200).")] = None,
+    train_tasks: Annotated[int | None, typer.Option(min=1, help="Train-split tasks GEPA reflects on (32).")] = None,
+    val_tasks: Annotated[int | None, typer.Option(
+        min=1, help="The next train-split tasks, scoring every candidate (16).")] = None,
+    minibatch_size: Annotated[int | None, typer.Option(min=1, help="Tasks per reflection minibatch (3).")] = None,
+    tool: Annotated[list[str] | None, typer.Option(
+        help="Also evolve this tool's description; repeatable, or 'all'.")] = None,
+    use_merge: Annotated[bool | None, typer.Option(help="Also merge Pareto-front candidates.")] = None,
+    seed_prompt: Annotated[str | None, typer.Option(help="The system prompt to start from (default: the env's).")] = (
+        None),
+    prompt_file: Annotated[Path | None, typer.Option(
+        help="Start from an earlier result: a best_candidate.json or a text file.")] = None,
     tokenizer: OracleTokenizer = None,
-    parser: Parser = "auto",
-    concurrency: Concurrency = 8,
-    max_turns: MaxTurns = 8,
-    max_episode_tokens: MaxEpisodeTokens = 2048,
-    max_new_tokens: MaxNewTokens = 128,
-    temperature: Temperature = 0.0,
-    tool_timeout: ToolTimeout = 10.0,
-    reflection_max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per reflection reply.")] = 1024,
+    seed: Annotated[int | None, typer.Option(help="Task order and GEPA seed.")] = None,
+    settings: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override any config key, e.g. --set rollout.max_turns=4 (value read as YAML).")] = None,
 ):
-    """Evolve the system prompt with GEPA on rollouts of POLICY; writes OUT/result/best_prompt.txt."""
-    import itertools
+    """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
+    from trajlab.env.mixture import load_envs
+    from trajlab.pipeline import evolve_stage, resolve_model
 
-    from trajlab.chat.parsers import get_parser
-    from trajlab.collect import build_policy
-    from trajlab.evolve.adapter import TrajlabAdapter
-    from trajlab.evolve.reflection import load_reflection_lm
-    from trajlab.evolve.run import run_evolve
-
-    if "," in env:
+    overrides = _overrides(settings)
+    overrides.setdefault("evolve", {}).update({key: value for key, value in {
+        "reflection": reflection, "max_metric_calls": max_metric_calls, "train_tasks": train_tasks,
+        "val_tasks": val_tasks, "minibatch_size": minibatch_size, "use_merge": use_merge,
+        "tools": ("all" if tool == ["all"] else tool) if tool else None}.items() if value is not None})
+    overrides.setdefault("rollout", {}).update({key: value for key, value in {
+        "system_prompt": seed_prompt, "prompt_file": str(prompt_file) if prompt_file else None}.items()
+        if value is not None})
+    if env is not None:
+        overrides["env"] = env
+    if seed is not None:
+        overrides["seed"] = seed
+    pipeline = _load_pipeline_config(config, overrides)
+    if not isinstance(pipeline.env, str) or "," in pipeline.env:
         raise _fail("trajlab evolve runs one env; pass a single --env.")
+    if policy is not None and policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
+        raise _fail(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]); "
+                    f"{policy!r} is none of these.")
+    out = out or Path(pipeline.run_dir) / "evolve"
     try:
-        # The same policy, sampling and limits as `collect` would use (and the same checks of --policy).
-        config = _collect_config(
-            env, policy, 1, out, tasks=None, tokenizer=tokenizer, max_turns=max_turns,
-            max_episode_tokens=max_episode_tokens, max_new_tokens=max_new_tokens, temperature=temperature,
-            tool_timeout=tool_timeout,
-        )
-        spec = config.env
-        rows = list(itertools.islice(spec.iter_tasks("train", seed), train_tasks + val_tasks))
-        if len(rows) < train_tasks + val_tasks:
-            raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; --train-tasks + --val-tasks asks for "
-                             f"{train_tasks + val_tasks}.")
-        generator, policy_tokenizer, template = build_policy(config)
-        adapter = TrajlabAdapter(
-            spec, generator, policy_tokenizer, chat_template=template, parser=get_parser(parser, policy_tokenizer),
-            sampling=config.sampling, limits=config.limits, concurrency=concurrency,
-        )
-        reflection_lm = load_reflection_lm(reflection, max_new_tokens=reflection_max_new_tokens)
-        summary = run_evolve(
-            adapter, reflection_lm, rows[:train_tasks], rows[train_tasks:],
-            seed_prompt=seed_prompt if seed_prompt is not None else spec.system_prompt or "", out=out,
-            max_metric_calls=max_metric_calls, reflection_minibatch_size=minibatch_size, seed=seed,
-        )
+        summary = evolve_stage(pipeline, load_envs(pipeline.env), policy or str(resolve_model(pipeline)), out,
+                               log=_gepa_line, tokenizer=tokenizer)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
-    console.print(f"{summary['candidates']} candidates in {summary['rollouts']} rollouts; validation score "
-                  f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best, "
-                  f"#{summary['best_index']}). Wrote {out / 'result'}")
+    console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
+                  f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
+                  f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
+                  f"(best, #{summary['best_index']}). Wrote {out / 'result'}")
+
+
+def _gepa_line(message: str) -> None:
+    """A GEPA log line on the console, cut to one screen line (whole texts are in gepa.log)."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    cut = line if len(line) <= 160 and "\n" not in message.strip() else line[:160] + " [...]"
+    console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", cut), highlight=False)
+
+
+def _overrides(settings: list[str] | None) -> dict:
+    """``--set KEY=VALUE`` items as nested config overrides (values read as YAML)."""
+    import yaml
+
+    overrides: dict = {}
+    for item in settings or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _fail(f"--set takes KEY=VALUE (e.g. rl.steps=5), got {item!r}.")
+        *parents, leaf = key.split(".")
+        node = overrides
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return overrides
+
+
+def _load_pipeline_config(config: Path | None, overrides: dict):
+    """A run config from a file (or, with no file, from the overrides alone); errors name each bad key."""
+    from trajlab.config import ConfigError, load_config
+
+    if config is None and "env" not in overrides:
+        raise _fail("give --env, or a --config naming one.")
+    try:
+        return load_config(config, overrides)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -377,26 +422,12 @@ def run(
     ] = None,
 ):
     """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
-    import yaml
-
-    from trajlab.config import ConfigError, load_config
     from trajlab.evaluate import results_table
     from trajlab.pipeline import run_pipeline
 
-    overrides: dict = {k: v for k, v in {"run_dir": run_dir, "seed": seed}.items() if v is not None}
-    for item in settings or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise _fail(f"--set takes KEY=VALUE (e.g. rl.steps=5), got {item!r}.")
-        *parents, leaf = key.split(".")
-        node = overrides
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
-    try:
-        pipeline = load_config(config, overrides)
-    except ConfigError as exc:
-        raise _fail(str(exc)) from exc
+    overrides = _overrides(settings)
+    overrides.update({k: v for k, v in {"run_dir": run_dir, "seed": seed}.items() if v is not None})
+    pipeline = _load_pipeline_config(config, overrides)
     started = time.perf_counter()
     try:
         reports = run_pipeline(pipeline, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
@@ -441,6 +472,7 @@ def eval_run(
     temperature: Temperature = 0.0,
     tool_timeout: ToolTimeout = 10.0,
     system_prompt: SystemPrompt = None,
+    prompt_file: PromptFile = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
 ):
     """Roll out POLICY on SPLIT with --samples-per-task episodes per task, write OUT/eval.json, print the tables.
@@ -467,7 +499,7 @@ def eval_run(
             samples_per_task=samples_per_task, tasks=tasks, tokenizer=tokenizer, parser=parser,
             concurrency=concurrency, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
             max_new_tokens=max_new_tokens, temperature=temperature, tool_timeout=tool_timeout,
-            system_prompt=system_prompt,
+            system_prompt=system_prompt, prompt_file=prompt_file,
         )
         summary = _collect_with_progress(config, "eval")
         report = evaluate_trajectories(

@@ -1,7 +1,8 @@
 """The collect recipe: roll out a policy on an env's tasks and append the trajectories to a store.
 
-Episode ids are derived from the command (env, split, seed, task, sample), so running the same command again after
-a crash runs only the episodes that are missing and ends with exactly the requested number.
+Episode ids are derived from the command (env, split, seed, task, sample, and a hash of a replaced system prompt or
+tool descriptions), so running the same command again after a crash runs only the episodes that are missing and
+ends with exactly the requested number.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluate import evaluate_trajectories
+from trajlab.evolve.candidate import prompt_tag
 from trajlab.inference.base import Generator, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
@@ -71,6 +73,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         tasks = list(itertools.islice(config.env.iter_tasks(config.split, config.seed), needed))
     if not tasks:
         raise ValueError(f"Environment '{config.env.name}' has no tasks in split '{config.split}'.")
+    tag = prompt_tag(config.system_prompt, config.env)
+    tag = f":prompt-{tag}" if tag else ""  # another system prompt or tool descriptions make other episodes
     episodes = []
     for index in range(config.episodes):
         # Each task gets samples_per_task consecutive episodes; a short task list is cycled with new sample numbers.
@@ -79,7 +83,7 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         task = tasks[task_index]
         sample += cycle * config.samples_per_task
         task_key = f"{task[ENV_COLUMN]}/{task['task_id']}" if ENV_COLUMN in task else task["task_id"]
-        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}"
+        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}{tag}"
         episodes.append(Episode(id=episode_id, task=task, split=config.split))
     return episodes
 

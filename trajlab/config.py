@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trajlab.env.mixture import EnvMixture
+from trajlab.env.registry import EnvSpec
+from trajlab.evolve.candidate import prompted
 from trajlab.rollout.engine import RolloutLimits
-from trajlab.rollout.rewards import REWARDS
+from trajlab.rollout.rewards import check_weights
 
-Stage = Literal["collect", "sft", "eval", "rl"]
+Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
 
 
 class Section(BaseModel):
@@ -39,10 +42,23 @@ class RolloutSettings(Section):
     parser: str = "auto"
     system_prompt: str | None = None
     """Replaces the env's system prompt; "" means none."""
+    prompt_file: str | None = None
+    """Instead of ``system_prompt``: trajlab evolve's ``result/best_candidate.json`` (system prompt and evolved tool
+    descriptions), or a text file holding the system prompt."""
+
+    @model_validator(mode="after")
+    def _one_prompt_source(self) -> RolloutSettings:
+        if self.system_prompt is not None and self.prompt_file is not None:
+            raise ValueError("give system_prompt or prompt_file, not both")
+        return self
 
     def limits(self) -> RolloutLimits:
         return RolloutLimits(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
                              tool_timeout_s=self.tool_timeout_s)
+
+    def prompted(self, env: EnvSpec | EnvMixture) -> tuple[EnvSpec | EnvMixture, str | None]:
+        """The env with the prompt file's tool descriptions, and the system prompt to use (None: the env's)."""
+        return prompted(env, self.system_prompt, self.prompt_file)
 
 
 class CollectSettings(Section):
@@ -107,9 +123,7 @@ class RLSettings(Section):
     @field_validator("rewards")
     @classmethod
     def _known_rewards(cls, weights: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(weights) - set(REWARDS))
-        if unknown:
-            raise ValueError(f"unknown reward component(s) {unknown}; known: {sorted(REWARDS)}")
+        check_weights(weights)
         return weights
 
 
@@ -124,8 +138,39 @@ class EvalSettings(Section):
     """Task order seed: fixed by default so runs with different training seeds are scored on the same tasks."""
 
 
+class EvolveSettings(Section):
+    """Prompt evolution with GEPA; the policy is the stage's current model (or ``trajlab evolve --policy``)."""
+
+    reflection: str | None = None
+    """The reflection LM: a model directory or http://host:port/v1[#model]; None: the policy's own model."""
+    max_metric_calls: int = Field(200, ge=1)
+    """Rollout budget: every episode GEPA asks for counts once (a run may end one iteration past it)."""
+    train_tasks: int = Field(32, ge=1)
+    """Train-split tasks GEPA draws its reflection minibatches from."""
+    val_tasks: int = Field(16, ge=1)
+    """The next train-split tasks: every accepted candidate is scored on all of them (Pareto selection)."""
+    minibatch_size: int = Field(3, ge=1)
+    tools: list[str] | Literal["all"] = Field(default_factory=list)
+    """Tool descriptions to evolve along with the system prompt: names, or "all"."""
+    use_merge: bool = False
+    """Also propose candidates by merging two Pareto-front candidates (GEPA's merge proposer)."""
+    rewards: dict[str, float] | None = None
+    """Weights of named reward components scoring each episode (None: the env reward)."""
+    temperature: float = Field(0.0, ge=0)
+    """The policy's sampling temperature; at 0 a candidate's score on a task is reproducible."""
+    reflection_max_new_tokens: int = Field(1024, ge=1)
+    reflection_temperature: float = Field(0.7, ge=0)
+
+    @field_validator("rewards")
+    @classmethod
+    def _known_rewards(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        if weights is not None:
+            check_weights(weights)
+        return weights
+
+
 class PipelineConfig(Section):
-    """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval."""
+    """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, and optionally evolve."""
 
     run_dir: str = "runs/run"
     env: str | list[str]
@@ -139,28 +184,32 @@ class PipelineConfig(Section):
     sft: SFTSettings = Field(default_factory=SFTSettings)
     rl: RLSettings = Field(default_factory=RLSettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
 
 
 class ConfigError(ValueError):
     """A config file that does not validate; the message names each bad key."""
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
-    """Read and validate a YAML config; ``overrides`` (nested dicts) replace values from the file."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError as exc:
-        raise ConfigError(f"{path}: no such config file") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
+def load_config(path: str | Path | None, overrides: dict | None = None) -> PipelineConfig:
+    """Read and validate a YAML config; ``overrides`` (nested dicts) replace values from the file (or, with no
+    file, are the whole config)."""
+    data, source = {}, "the given settings"
+    if path is not None:
+        path = source = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"{path}: no such config file") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
     _merge(data, overrides or {})
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: invalid config:\n" + "\n".join(_describe(e) for e in exc.errors())) from exc
+        raise ConfigError(f"{source}: invalid config:\n" + "\n".join(_describe(e) for e in exc.errors())) from exc
 
 
 def _merge(base: dict, overrides: dict) -> None:

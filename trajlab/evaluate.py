@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
 
 from trajlab.rollout.types import Trajectory
 
@@ -449,7 +449,8 @@ def results_table(
     # Short headers keep the table readable in an 80-column terminal; the caption maps them to metric names.
     headers = [SHORT_HEADERS.get(name, name.removeprefix(REWARD_PREFIX)) for name in columns]
     caption = ", ".join(f"{h} = {n}" for h, n in zip(headers, columns, strict=True) if h != n)
-    table = Table("run", "n", *headers, title=title, caption=caption or None)
+    # fold: a long label like "untrained+evolved" goes on two lines instead of being cut
+    table = Table(Column("run", overflow="fold"), "n", *headers, title=title, caption=caption or None)
     for report in reports:
         table.add_row(escape(report.label or "-"), str(report.episodes),
                       *(_fmt(name, metric_value(report, name)) for name in columns))

@@ -1,5 +1,8 @@
 """The ``trajlab run`` recipe: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, from one config.
 
+An ``evolve`` stage evolves the system prompt (and chosen tool descriptions) of the current model with GEPA; the
+stages after it roll out with the evolved texts.
+
 Every stage uses the same env, tool schemas, parser, chat template and reward. Each stage leaves its result in the
 run directory and is skipped when that result is already there, so an interrupted run resumes where it stopped.
 """
@@ -33,11 +36,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     env = load_envs(config.env)
-
-    base = Path(config.model.path) if config.model.path else run / "model"
-    if config.model.path is None and not (base / "config.json").exists():
-        init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
-        log(f"built the tiny model in {base}")
+    base = resolve_model(config, log)
     tokenizer = load_tokenizer(base)
 
     current, label, reports = base, "untrained" if config.model.path is None else "base", []
@@ -50,6 +49,10 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
             current, label = _sft(config, current, tokenizer, run, log), "sft"
         elif stage == "rl":
             current, label = _rl(config, env, current, tokenizer, run, log), "rl"
+        elif stage == "evolve":
+            candidate = _evolve(config, env, current, run / "evolve", log)
+            rollout = config.rollout.model_copy(update={"system_prompt": None, "prompt_file": str(candidate)})
+            config, label = config.model_copy(update={"rollout": rollout}), f"{label}+evolved"
         elif stage == "eval":
             reports.append(_eval(config, env, current, label, run / f"eval-{len(reports)}-{label}"))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
@@ -59,20 +62,56 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     return reports
 
 
+def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
+    """The config's starting model: ``model.path``, or the tiny model, built in the run directory on first use."""
+    if config.model.path:
+        return Path(config.model.path)
+    base = Path(config.run_dir) / "model"
+    if not (base / "config.json").exists():
+        init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
+        log(f"built the tiny model in {base}")
+    return base
+
+
 def _collect_config(
     config: PipelineConfig, env: Any, policy: str, out: Path, tokenizer: str | None = None, *,
     split: str = "train", seed: int | None = None, episodes: int | None = None, samples_per_task: int = 1,
     temperature: float = 1.0,
 ) -> CollectConfig:
     rollout = config.rollout
+    env, system_prompt = rollout.prompted(env)
     return CollectConfig(
         env=env, policy=policy, episodes=episodes or config.collect.episodes, out=out, split=split,
         seed=config.seed if seed is None else seed,
         samples_per_task=samples_per_task, tokenizer=tokenizer, parser=rollout.parser,
-        concurrency=rollout.concurrency, system_prompt=rollout.system_prompt,
+        concurrency=rollout.concurrency, system_prompt=system_prompt,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=temperature),
         limits=rollout.limits(),
     )
+
+
+def evolve_stage(config: PipelineConfig, env: Any, policy: str, out: Path, log: Log,
+                 tokenizer: str | None = None) -> dict[str, Any]:
+    """GEPA on ``policy`` (a model directory or server URL) with the config's rollout and evolve settings."""
+    from trajlab.evolve.run import evolve
+
+    settings = config.evolve
+    rollouts = _collect_config(config, env, policy, out / "gepa" / "rollouts.jsonl", tokenizer,
+                               temperature=settings.temperature)
+    return evolve(rollouts, settings, out, seed=config.seed, log=log)
+
+
+def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) -> Path:
+    """The evolve stage; returns the best candidate's file, which the later stages roll out with."""
+    result = out / "result"
+    done = json.loads((result / "summary.json").read_text()) if (result / "summary.json").exists() else {}
+    if done.get("max_metric_calls") == config.evolve.max_metric_calls:
+        log(f"evolve: already done ({result})")
+    else:
+        summary = evolve_stage(config, env, str(model), out, log=lambda line: None)
+        log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
+            f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
+    return result / "best_candidate.json"
 
 
 def _sft(config: PipelineConfig, model: Path, tokenizer: Any, run: Path, log: Log) -> Path:

@@ -1,9 +1,8 @@
 """The GEPA adapter contract, an optimisation that measurably helps, resume, and a real tiny reflection model.
 
-The optimisation test uses two test-only scripted parts, named for what they are: ``InstructionFollowingPolicy``,
-an arithmetic policy that makes a characteristic mistake unless its system prompt tells it to double-check, and
-``deterministic_proposer``, a reflection "LM" that reads GEPA's reflection prompt and appends that instruction when
-the feedback shows wrong final answers. Neither ships with trajlab.
+The optimisation tests use the test-only scripted parts of ``tests/evolve/scripted.py``, named for what they are: a
+policy that makes a characteristic mistake unless its system prompt tells it to double-check, and a deterministic
+reflection "LM" that adds that instruction when the feedback shows wrong answers. Neither ships with trajlab.
 """
 
 from __future__ import annotations
@@ -15,18 +14,19 @@ from typing import Any
 
 import pytest
 
+from tests.evolve.scripted import HINT, SEED_PROMPT, InstructionFollowingPolicy, deterministic_proposer
 from trajlab.chat.parsers import get_parser
+from trajlab.data.store import read_trajectories
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.builtin.arithmetic import oracle
 from trajlab.env.registry import EnvSpec
-from trajlab.evolve.adapter import COMPONENT, TrajlabAdapter
+from trajlab.evolve.adapter import TrajlabAdapter
+from trajlab.evolve.candidate import SYSTEM_PROMPT as COMPONENT
+from trajlab.evolve.candidate import seed_candidate
 from trajlab.evolve.reflection import LocalReflection
 from trajlab.evolve.run import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import RolloutLimits
-
-SEED_PROMPT = "You solve arithmetic with the calculator tools."
-HINT = "Double-check: submit exactly the last tool result."
 
 
 def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
@@ -37,26 +37,6 @@ def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) 
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
     return TrajlabAdapter(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
                           limits=RolloutLimits(max_turns=4))
-
-
-class InstructionFollowingPolicy:
-    """TEST-ONLY scripted policy: solves like the oracle but, unless told to double-check, submits the result + 1."""
-
-    def __call__(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-        message = oracle(task, messages)
-        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
-        call = message["tool_calls"][0]["function"]
-        if call["name"] == "submit" and "double-check" not in system.lower():
-            call["arguments"] = {"answer": call["arguments"]["answer"] + 1}
-        return message
-
-
-def deterministic_proposer(prompt: str) -> str:
-    """TEST-ONLY reflection LM: reads GEPA's reflection prompt and fixes the prompt when submits were wrong."""
-    current = prompt.split("```")[1].strip()  # GEPA's template puts the current instruction in the first block
-    if "-> submit: Wrong." in prompt and HINT not in current:
-        return f"```\n{current} {HINT}\n```"
-    return f"```\n{current}\n```"
 
 
 def test_adapter_contract(tiny_tokenizer, tiny_template):
@@ -90,13 +70,13 @@ def test_failing_episode_scores_zero_with_its_error(tiny_tokenizer, tiny_templat
 def test_evolution_raises_the_held_out_score(tiny_tokenizer, tiny_template, tmp_path: Path):
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     summary = run_evolve(adapter, deterministic_proposer, tasks("train", 4), tasks("train", 4, skip=4),
-                         seed_prompt=SEED_PROMPT, out=tmp_path, max_metric_calls=20)
+                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path, max_metric_calls=20)
     result = tmp_path / "result"
     best = (result / "best_prompt.txt").read_text()
     assert HINT in best and summary["best_val_score"] == 1.0 and summary["seed_val_score"] == 0.0
-    assert summary["rollouts"] <= 20 + 4 and summary["rollouts"] == adapter.rollouts  # one metric call = one rollout
+    assert summary["rollouts"] == adapter.rollouts <= summary["metric_calls"] <= 20 + 10  # + at most one iteration
     candidates = json.loads((result / "candidates.json").read_text())
-    assert candidates[0][COMPONENT] == SEED_PROMPT and candidates[0]["parents"] == []
+    assert candidates[0]["texts"] == {COMPONENT: SEED_PROMPT} and candidates[0]["parents"] == []
     assert candidates[summary["best_index"]]["parents"] == [0]
     assert json.loads((result / "summary.json").read_text()) == summary
 
@@ -106,20 +86,89 @@ def test_evolution_raises_the_held_out_score(tiny_tokenizer, tiny_template, tmp_
     assert (seed_score, best_score) == (0.0, 1.0)
 
 
-def test_an_interrupted_run_resumes_without_rescoring_the_seed(tiny_tokenizer, tiny_template, tmp_path: Path):
+def test_a_resumed_run_continues_without_rescoring_the_seed(tiny_tokenizer, tiny_template, tmp_path: Path):
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     train, val = tasks("train", 4), tasks("train", 4, skip=4)
-    first = run_evolve(adapter, deterministic_proposer, train, val, seed_prompt=SEED_PROMPT, out=tmp_path,
-                       max_metric_calls=4)
+    first = run_evolve(adapter, deterministic_proposer, train, val, seed_candidate={COMPONENT: SEED_PROMPT},
+                       out=tmp_path, max_metric_calls=4)
     assert first["rollouts"] == 4 and first["candidates"] == 1 and not first["resumed"]
-    adapter.rollouts = 0
-    second = run_evolve(adapter, deterministic_proposer, train, val, seed_prompt=SEED_PROMPT, out=tmp_path,
-                        max_metric_calls=20)
+    fresh = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
+    second = run_evolve(fresh, deterministic_proposer, train, val, seed_candidate={COMPONENT: SEED_PROMPT},
+                        out=tmp_path, max_metric_calls=20)
     assert second["resumed"] and second["candidates"] > 1
-    assert second["rollouts"] == 4 + adapter.rollouts  # the seed's 4 validation rollouts were not run again
-    with pytest.raises(ValueError, match="different seed_prompt"):
-        run_evolve(adapter, deterministic_proposer, train, val, seed_prompt="Another prompt.", out=tmp_path,
-                   max_metric_calls=30)
+    assert second["rollouts"] == 4 + fresh.rollouts == 4 + second["rollouts_this_run"]  # the seed's 4 not run again
+    with pytest.raises(ValueError, match="different seed_candidate"):
+        run_evolve(fresh, deterministic_proposer, train, val, seed_candidate={COMPONENT: "Another prompt."},
+                   out=tmp_path, max_metric_calls=30)
+
+
+class Interrupted(BaseException):
+    """Stands in for Ctrl-C or a killed job: not an Exception, so no episode swallows it."""
+
+
+class CrashingOnce(InstructionFollowingPolicy):
+    """TEST-ONLY: the instruction-following policy, interrupted the first time it plays ``crash_task`` with the hint."""
+
+    def __init__(self, crash_task: str) -> None:
+        self.crash_task, self.crashed = crash_task, False
+
+    def __call__(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+        if task["task_id"] == self.crash_task and HINT in messages[0]["content"] and not self.crashed:
+            self.crashed = True
+            raise Interrupted
+        return super().__call__(task, messages)
+
+
+def test_an_interrupted_iteration_resumes_without_repeating_finished_episodes(
+    tiny_tokenizer, tiny_template, tmp_path: Path
+):
+    train, val = tasks("train", 4), tasks("train", 4, skip=4)
+    kwargs = {"seed_candidate": {COMPONENT: SEED_PROMPT}, "max_metric_calls": 20}
+    reference = run_evolve(make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy()),
+                           deterministic_proposer, train, val, out=tmp_path / "reference", **kwargs)
+
+    crashing = make_adapter(tiny_tokenizer, tiny_template, policy=CrashingOnce(val[2]["task_id"]))
+    crashing.concurrency = 1  # one episode at a time: val[0] and val[1] finish before val[2] is interrupted
+    with pytest.raises(Interrupted):
+        run_evolve(crashing, deterministic_proposer, train, val, out=tmp_path / "run", **kwargs)
+    stored = [json.loads(line)["id"] for line in (tmp_path / "run" / "gepa" / "rollouts.jsonl").open()]
+    assert len(stored) == crashing.rollouts > 4  # the seed's validation and the cut iteration's finished episodes
+
+    resumed = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
+    summary = run_evolve(resumed, deterministic_proposer, train, val, out=tmp_path / "run", **kwargs)
+    assert summary["rollouts_this_run"] == resumed.rollouts == reference["rollouts"] - len(stored)
+    assert summary["rollouts"] == reference["rollouts"]  # no finished episode was rolled out twice
+    assert (summary["best_val_score"], summary["candidates"]) == (reference["best_val_score"],
+                                                                 reference["candidates"])
+
+
+def test_tool_descriptions_evolve_with_the_system_prompt(tiny_tokenizer, tiny_template, tmp_path: Path):
+    adapter = make_adapter(tiny_tokenizer, tiny_template)
+    candidate = seed_candidate(ARITHMETIC, SEED_PROMPT, ["submit"])
+    assert candidate == {COMPONENT: SEED_PROMPT, "tool:submit": ARITHMETIC.tools[2]["function"]["description"]}
+    with adapter.recording(tmp_path / "rollouts.jsonl"):
+        adapter.evaluate(tasks("train", 1), {**candidate, "tool:submit": "Hand in the FINAL-ANSWER-XYZ."})
+    (shown,) = read_trajectories(tmp_path / "rollouts.jsonl")
+    prompt = tiny_tokenizer.decode(shown.tokens.prompt_ids)
+    assert "Hand in the FINAL-ANSWER-XYZ." in prompt and SEED_PROMPT in prompt
+
+    asked: list[str] = []
+
+    def proposer(prompt: str) -> str:
+        asked.append(prompt)
+        return deterministic_proposer(prompt)
+
+    stubborn = InstructionFollowingPolicy()
+    stubborn.hint = "never in any prompt"  # always wrong: every iteration reflects, on each text in turn
+    summary = run_evolve(make_adapter(tiny_tokenizer, tiny_template, policy=stubborn), proposer,
+                         tasks("train", 3), tasks("train", 3, skip=3), seed_candidate=candidate, out=tmp_path / "run",
+                         max_metric_calls=20)
+    assert summary["evolved"] == [COMPONENT, "tool:submit"]
+    assert any("description it reads of the tool `submit`" in prompt for prompt in asked)  # the tool template
+    best = json.loads((tmp_path / "run" / "result" / "best_candidate.json").read_text())
+    assert set(best) == {COMPONENT, "tool:submit"}
+    with pytest.raises(ValueError, match="no tool"):
+        seed_candidate(ARITHMETIC, SEED_PROMPT, ["divide"])
 
 
 @pytest.mark.slow
@@ -128,6 +177,6 @@ def test_a_local_model_reflects(tiny_model_dir, tiny_tokenizer, tiny_template, t
     reflection = LocalReflection(tiny_model_dir, max_new_tokens=32, temperature=1.0)
     assert isinstance(reflection("Improve this prompt."), str)
     summary = run_evolve(adapter, reflection, tasks("train", 3), tasks("train", 2, skip=3),
-                         seed_prompt=SEED_PROMPT, out=tmp_path, max_metric_calls=8)
+                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path, max_metric_calls=8)
     assert summary["rollouts"] >= 2 and (tmp_path / "result" / "best_prompt.txt").exists()
     assert (tmp_path / "gepa" / "gepa_state.bin").exists()

@@ -11,7 +11,7 @@ import difflib
 import importlib
 import json
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ class EnvSpec:
     system_prompt: str | None = None
     splits: tuple[str, ...] = ("train", "test")
     metadata: dict[str, Any] = field(default_factory=dict)
+    tool_descriptions: dict[str, str] = field(default_factory=dict)
+    """Descriptions shown to the model instead of the docstrings' (e.g. evolved by ``trajlab evolve``)."""
 
     @property
     def description(self) -> str:
@@ -43,7 +45,22 @@ class EnvSpec:
 
     @property
     def tools(self) -> list[dict[str, Any]]:
-        return tool_schemas(self.env_cls)
+        schemas = tool_schemas(self.env_cls)
+        if not self.tool_descriptions:
+            return schemas
+        return [_described(schema, self.tool_descriptions.get(schema["function"]["name"])) for schema in schemas]
+
+    def with_tool_descriptions(self, descriptions: dict[str, str]) -> EnvSpec:
+        """This env with some tools described differently; only what the model reads changes, not the tools.
+
+        Raises:
+            ValueError: a name is not a tool of the env (the message lists its tools).
+        """
+        known = tool_names(self.env_cls)
+        unknown = sorted(set(descriptions) - set(known))
+        if unknown:
+            raise ValueError(f"Environment '{self.name}' has no tool(s) {unknown}; its tools: {', '.join(known)}.")
+        return replace(self, tool_descriptions={**self.tool_descriptions, **descriptions})
 
     def make(self) -> Any:
         """A fresh env instance: one per episode, never shared."""
@@ -67,6 +84,12 @@ _REGISTRY: dict[str, str] = {
     "guess": "trajlab.env.builtin.guess:SPEC",
     "wordle": "trajlab.env.builtin.wordle:SPEC",
 }
+
+
+def _described(schema: dict[str, Any], description: str | None) -> dict[str, Any]:
+    if description is None:
+        return schema
+    return {**schema, "function": {**schema["function"], "description": description}}
 
 
 def register(name: str, entry_point: str) -> None:

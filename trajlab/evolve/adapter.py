@@ -1,38 +1,54 @@
-"""The trajlab adapter for ``gepa``: a candidate system prompt is scored by real trajlab rollouts.
+"""The trajlab adapter for ``gepa``: a candidate's texts are scored by real trajlab rollouts.
 
-GEPA evolves named texts; here the one text is ``system_prompt``. Evaluating a candidate runs episodes of the env on
-a batch of tasks through the same engine, parser, chat template and reward as collection, evaluation and RL, with
-the candidate as the system prompt. Each episode's score is its reward; its trace is a compact transcript (tool
-calls with arguments, tool and parse errors, the final answer) that the reflection LM reads with the reward
-components as feedback.
+GEPA evolves named texts: ``system_prompt`` and, when asked, ``tool:NAME`` descriptions. Evaluating a candidate runs
+episodes of the env on a batch of tasks through the same engine, parser, chat template and reward as collection,
+evaluation and RL, with the candidate's system prompt and tool descriptions. Each episode's score is its reward;
+its trace is a compact transcript (tool calls with arguments, tool and parse errors, the final answer) that the
+reflection LM reads with the reward components as feedback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 from gepa import EvaluationBatch
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
+from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.registry import EnvSpec
+from trajlab.evolve.candidate import SYSTEM_PROMPT, tool_descriptions
 from trajlab.inference.base import Generator, SamplingParams
 from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
 from trajlab.rollout.rewards import REWARDS, check_weights, score
 from trajlab.rollout.types import Trajectory
 
-COMPONENT = "system_prompt"
-"""The name of the one text GEPA evolves."""
-
 MAX_FIELD_CHARS = 300
 """Longer tool results and messages are cut in transcripts: the reflection LM needs the shape, not every byte."""
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """What GEPA needs of one finished episode; the full trajectory lives in the store file."""
+
+    output: dict[str, Any]
+    score: float
+    trace: dict[str, Any]
+
+
 class TrajlabAdapter:
     """GEPA's adapter protocol over trajlab rollouts; a data instance is one task (a row ``reset`` receives).
+
+    A candidate is scored once per task: asking again (GEPA re-scores parents on minibatches it drew before) reuses
+    the episode, and while :meth:`recording` a resumed run reuses every episode it finished before.
 
     Args:
         env: the environment spec.
@@ -47,7 +63,7 @@ class TrajlabAdapter:
     """
 
     propose_new_texts = None
-    """None: GEPA proposes new prompts with its own reflection template and the configured reflection LM.
+    """None: GEPA proposes new texts with its own reflection template and the configured reflection LM.
 
     GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
     """
@@ -65,29 +81,64 @@ class TrajlabAdapter:
         weights: Mapping[str, float] | None = None,
         concurrency: int = 8,
     ) -> None:
-        # One engine for every candidate: GEPA evaluates one candidate at a time, so each call sets its prompt.
-        self.engine = RolloutEngine(env, generator, tokenizer, chat_template=chat_template, parser=parser,
-                                    sampling=sampling, limits=limits)
         if weights is not None:
             check_weights(weights)
+        self.env = env
         self.weights = dict(weights) if weights is not None else None
         self.concurrency = concurrency
         self.rollouts = 0
+        """Episodes this adapter ran (not served from earlier results)."""
+        self._make_engine = partial(RolloutEngine, generator=generator, tokenizer=tokenizer,
+                                    chat_template=chat_template, parser=parser, sampling=sampling, limits=limits)
+        self._engines: dict[str, RolloutEngine] = {}
+        self._results: dict[str, _Scored] = {}
+        self._store: TrajectoryStore | None = None
+
+    @contextmanager
+    def recording(self, path: str | Path) -> Iterator[TrajectoryStore]:
+        """Within the block, every episode is written to the trajectory file ``path`` as it finishes, and the
+        episodes already there are reused instead of run again."""
+        with TrajectoryStore(path) as store:
+            for trajectory in read_trajectories(store.path):
+                self._results[trajectory.id] = self._scored(trajectory)
+            self._store = store
+            try:
+                yield store
+            finally:
+                self._store = None
 
     def evaluate(
         self, batch: list[dict[str, Any]], candidate: dict[str, str], capture_traces: bool = False
     ) -> EvaluationBatch:
         """Roll out ``candidate`` on every task of ``batch``; a failed episode scores 0 and its trace says why."""
-        self.engine.system_prompt = candidate[COMPONENT]
-        episodes = [Episode(id=f"evolve:{index}", task=dict(task)) for index, task in enumerate(batch)]
-        finished = asyncio.run(self.engine.run(episodes, concurrency=self.concurrency)) if episodes else []
-        self.rollouts += len(finished)
-        by_id = {trajectory.id: trajectory for trajectory in finished}
-        trajectories = [by_id[episode.id] for episode in episodes]  # engine.run returns in finishing order
-        scores = [self.episode_score(trajectory) for trajectory in trajectories]
-        outputs = [_output(trajectory, value) for trajectory, value in zip(trajectories, scores, strict=True)]
-        traces = [trace(trajectory, value) for trajectory, value in zip(trajectories, scores, strict=True)]
-        return EvaluationBatch(outputs=outputs, scores=scores, trajectories=traces if capture_traces else None)
+        key = _candidate_key(candidate)
+        episodes = [Episode(id=f"evolve:{key}:{task_key(task)}", task=dict(task)) for task in batch]
+        todo = list({e.id: e for e in episodes if e.id not in self._results}.values())
+        if todo:
+            asyncio.run(self._engine(candidate).run(todo, concurrency=self.concurrency, on_result=self._keep))
+        scored = [self._results[episode.id] for episode in episodes]
+        return EvaluationBatch(outputs=[s.output for s in scored], scores=[s.score for s in scored],
+                               trajectories=[s.trace for s in scored] if capture_traces else None)
+
+    def _engine(self, candidate: dict[str, str]) -> RolloutEngine:
+        """The engine showing the candidate's tool descriptions (one per set), with its system prompt."""
+        descriptions = tool_descriptions(candidate)
+        key = json.dumps(descriptions, sort_keys=True)
+        if key not in self._engines:
+            self._engines[key] = self._make_engine(self.env.with_tool_descriptions(descriptions))
+        engine = self._engines[key]
+        engine.system_prompt = candidate[SYSTEM_PROMPT]  # GEPA evaluates one candidate at a time
+        return engine
+
+    def _keep(self, trajectory: Trajectory) -> None:
+        if self._store is not None:
+            self._store.append(trajectory)  # durable before it counts: a crash loses no finished episode
+        self._results[trajectory.id] = self._scored(trajectory)
+        self.rollouts += 1
+
+    def _scored(self, trajectory: Trajectory) -> _Scored:
+        value = self.episode_score(trajectory)
+        return _Scored(_output(trajectory, value), value, trace(trajectory, value))
 
     def episode_score(self, trajectory: Trajectory) -> float:
         """The episode's score: 0 for an episode that errored, else the env reward (or the weighted reward)."""
@@ -157,6 +208,15 @@ def _output(trajectory: Trajectory, value: float) -> dict[str, Any]:
             "final_answer": answers[-1] if answers else None, "error": trajectory.error}
 
 
+def _candidate_key(candidate: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(candidate, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def task_key(task: dict[str, Any]) -> str:
+    """A task's name in episode ids and run checks: its ``task_id``, else the row itself."""
+    return str(task.get("task_id", json.dumps(task, sort_keys=True, default=str)))
+
+
 def _first_user(trajectory: Trajectory) -> int:
     return next((i for i, m in enumerate(trajectory.messages) if m["role"] == "user"), len(trajectory.messages))
 
@@ -172,4 +232,4 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + " [...]"
 
 
-__all__ = ["COMPONENT", "TrajlabAdapter", "feedback", "trace", "transcript"]
+__all__ = ["TrajlabAdapter", "feedback", "task_key", "trace", "transcript"]

@@ -1,14 +1,19 @@
 """The evolve recipe: ``gepa.optimize`` over a trajlab adapter, then a result folder anyone can read.
 
-``OUT/gepa/`` is GEPA's run directory: its state is saved every iteration, so running the same command again
-resumes from there (a larger ``max_metric_calls`` continues the search). ``OUT/result/`` holds ``best_prompt.txt``,
-``candidates.json`` (every candidate with its validation scores and parents) and ``summary.json``.
+``OUT/gepa/`` is the run directory: GEPA's state (saved after every iteration), ``rollouts.jsonl`` (every episode,
+written as it finishes) and ``gepa.log``. Running the same command again resumes: GEPA reloads its state and every
+episode already in ``rollouts.jsonl`` is reused instead of rolled out again, including the ones of an iteration the
+interruption cut short. A larger ``max_metric_calls`` continues a finished search. ``OUT/result/`` holds
+``best_prompt.txt``, ``best_candidate.json`` (what ``--prompt-file`` reads), ``candidates.json`` (every candidate
+with its validation scores and parents) and ``summary.json``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +21,25 @@ import gepa
 from gepa.core.data_loader import DataLoader
 from gepa.strategies.eval_policy import FullEvaluationPolicy
 
-from trajlab.evolve.adapter import COMPONENT, TrajlabAdapter
-from trajlab.evolve.reflection import ReflectionLM
+from trajlab.chat.parsers import get_parser
+from trajlab.collect import CollectConfig, build_policy
+from trajlab.config import EvolveSettings
+from trajlab.env.registry import EnvSpec
+from trajlab.evolve.adapter import TrajlabAdapter, task_key
+from trajlab.evolve.candidate import SYSTEM_PROMPT, reflection_templates, seed_candidate
+from trajlab.evolve.reflection import ReflectionLM, load_reflection_lm
 
 STATE_FILE = "gepa_state.bin"
 RUN_FILE = "trajlab_run.json"
+ROLLOUTS_FILE = "rollouts.jsonl"
+LOG_FILE = "gepa.log"
 
 
 class _ResumingEvaluation(FullEvaluationPolicy):
     """GEPA's full validation, minus re-scoring the seed prompt when a saved state is about to be loaded.
 
     gepa 0.1.4 evaluates the seed on the whole validation set before it looks for a saved state, then discards
-    that evaluation when it loads one; asking for no seed examples on resume saves those rollouts.
+    that evaluation when it loads one; asking for no seed examples on resume saves those metric calls.
     """
 
     def __init__(self, run_dir: Path) -> None:
@@ -37,46 +49,112 @@ class _ResumingEvaluation(FullEvaluationPolicy):
         return [] if self.resuming else list(loader.all_ids())
 
 
+class _Log:
+    """GEPA's logger: every line to ``gepa.log``, and to ``echo`` (the console) when given."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None] | None) -> None:
+        self.path, self.echo = path, echo
+
+    def log(self, message: str) -> None:
+        with self.path.open("a") as handle:
+            handle.write(message.rstrip("\n") + "\n")
+        if self.echo is not None:
+            self.echo(message)
+
+
+def evolve(
+    policy: CollectConfig, settings: EvolveSettings, out: str | Path, *, seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``trajlab evolve`` and the ``evolve`` stage: GEPA with ``policy``'s model, env, prompts and limits.
+
+    The seed candidate is what the policy would be shown now (``policy.system_prompt``, else the env's, and the
+    env's current tool descriptions). Train and validation tasks are the first ``train_tasks + val_tasks`` of the
+    train split, so the test split stays held out for ``trajlab eval``.
+    """
+    spec = policy.env
+    if not isinstance(spec, EnvSpec):
+        raise ValueError("trajlab evolve runs one env; pass a single env.")
+    rows = list(itertools.islice(spec.iter_tasks("train", seed), settings.train_tasks + settings.val_tasks))
+    if len(rows) < settings.train_tasks + settings.val_tasks:
+        raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; train_tasks + val_tasks asks for "
+                         f"{settings.train_tasks + settings.val_tasks}.")
+    reflection = settings.reflection or _own_model(policy)
+    system_prompt = policy.system_prompt if policy.system_prompt is not None else spec.system_prompt or ""
+    tools = [tool["function"]["name"] for tool in spec.tools] if settings.tools == "all" else settings.tools
+    candidate = seed_candidate(spec, system_prompt, tools)
+    generator, tokenizer, template = build_policy(policy)
+    adapter = TrajlabAdapter(spec, generator, tokenizer, chat_template=template,
+                             parser=get_parser(policy.parser, tokenizer), sampling=policy.sampling,
+                             limits=policy.limits, weights=settings.rewards, concurrency=policy.concurrency)
+    reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
+                                       temperature=settings.reflection_temperature)
+    return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
+                      seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,
+                      reflection_minibatch_size=settings.minibatch_size, use_merge=settings.use_merge, seed=seed,
+                      log=log)
+
+
+def _own_model(policy: CollectConfig) -> str:
+    if policy.policy == "oracle":
+        raise ValueError("The oracle cannot reflect: give a reflection LM (--reflection or evolve.reflection: a "
+                         "model directory or http://host:port/v1#model).")
+    return policy.policy
+
+
 def run_evolve(
     adapter: TrajlabAdapter,
     reflection_lm: ReflectionLM,
     trainset: list[dict[str, Any]],
     valset: list[dict[str, Any]],
     *,
-    seed_prompt: str,
+    seed_candidate: dict[str, str],
     out: str | Path,
     max_metric_calls: int,
     reflection_minibatch_size: int = 3,
+    use_merge: bool = False,
     seed: int = 0,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Evolve the system prompt; returns the summary also written to ``OUT/result/summary.json``.
+    """Evolve the candidate's texts; returns the summary also written to ``OUT/result/summary.json``.
 
-    A rollout is one metric call: every episode GEPA asks for (minibatches and validation) counts once.
+    Every episode GEPA asks for is one metric call; GEPA stops at the first iteration boundary past
+    ``max_metric_calls``. Episodes reused from earlier (the same candidate on the same task) are metric calls
+    but not new rollouts: ``summary["rollouts"]`` counts the episodes actually run, over all resumes.
     """
     out = Path(out)
     run_dir = out / "gepa"
     policy = _ResumingEvaluation(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _check_same_run(run_dir, {"seed_prompt": seed_prompt, "train_tasks": _task_keys(trainset),
-                              "val_tasks": _task_keys(valset), "seed": seed}, resuming=policy.resuming)
-    result = gepa.optimize(
-        seed_candidate={COMPONENT: seed_prompt},
-        trainset=trainset,
-        valset=valset,
-        adapter=adapter,
-        reflection_lm=reflection_lm,
-        candidate_selection_strategy="pareto",
-        reflection_minibatch_size=reflection_minibatch_size,
-        max_metric_calls=max_metric_calls,
-        run_dir=os.fspath(run_dir),
-        val_evaluation_policy=policy,
-        seed=seed,
-    )
-    return write_result(result, out / "result", resumed=policy.resuming, max_metric_calls=max_metric_calls)
+    _check_same_run(run_dir, {"seed_candidate": seed_candidate, "train_tasks": [task_key(t) for t in trainset],
+                              "val_tasks": [task_key(t) for t in valset], "seed": seed,
+                              "reward_weights": adapter.weights}, resuming=policy.resuming)
+    with adapter.recording(run_dir / ROLLOUTS_FILE) as store:
+        earlier = len(store.ids)
+        result = gepa.optimize(
+            seed_candidate=seed_candidate,
+            trainset=trainset,
+            valset=valset,
+            adapter=adapter,
+            reflection_lm=reflection_lm,
+            reflection_prompt_template=reflection_templates(seed_candidate) or None,
+            candidate_selection_strategy="pareto",
+            reflection_minibatch_size=reflection_minibatch_size,
+            use_merge=use_merge,
+            max_metric_calls=max_metric_calls,
+            run_dir=os.fspath(run_dir),
+            logger=_Log(run_dir / LOG_FILE, log),
+            val_evaluation_policy=policy,
+            seed=seed,
+        )
+        rollouts = len(store.ids)
+    return write_result(result, out / "result", val_tasks=[task_key(t) for t in valset],
+                        max_metric_calls=max_metric_calls, rollouts={"total": rollouts, "this_run": rollouts - earlier},
+                        resumed=policy.resuming)
 
 
 def _check_same_run(run_dir: Path, settings: dict[str, Any], *, resuming: bool) -> None:
-    """GEPA resumes whatever state the run directory holds; refuse to resume it with other tasks or seed prompt."""
+    """GEPA resumes whatever state the run directory holds; refuse to resume it with other tasks or seed texts."""
     path = run_dir / RUN_FILE
     if resuming and path.exists():
         saved = json.loads(path.read_text())
@@ -87,36 +165,39 @@ def _check_same_run(run_dir: Path, settings: dict[str, Any], *, resuming: bool) 
     path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def _task_keys(tasks: list[dict[str, Any]]) -> list[str]:
-    return [str(task.get("task_id", json.dumps(task, sort_keys=True, default=str))) for task in tasks]
+def write_result(result: Any, folder: Path, *, val_tasks: list[str], max_metric_calls: int,
+                 rollouts: dict[str, int], resumed: bool) -> dict[str, Any]:
+    """``best_prompt.txt``, ``best_candidate.json``, ``candidates.json`` and ``summary.json`` from a GEPA result.
 
-
-def write_result(result: Any, folder: Path, *, resumed: bool, max_metric_calls: int) -> dict[str, Any]:
-    """``best_prompt.txt``, ``candidates.json`` and ``summary.json`` from a ``GEPAResult``."""
+    GEPA names validation tasks by their index in ``val_tasks``; the files name them by task id.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     best = result.best_idx
     candidates = [
         {
             "index": index,
-            COMPONENT: candidate[COMPONENT],
+            "texts": candidate,
             "parents": [parent for parent in result.parents[index] if parent is not None],
             "val_score": result.val_aggregate_scores[index],
-            "val_scores": {str(key): value for key, value in result.val_subscores[index].items()},
-            "rollouts_at_discovery": result.discovery_eval_counts[index],
+            "val_scores": {val_tasks[key]: value for key, value in result.val_subscores[index].items()},
+            "metric_calls_at_discovery": result.discovery_eval_counts[index],
         }
         for index, candidate in enumerate(result.candidates)
     ]
     summary = {
-        "rollouts": result.total_metric_calls,
+        "rollouts": rollouts["total"],
+        "rollouts_this_run": rollouts["this_run"],
+        "metric_calls": result.total_metric_calls,
         "max_metric_calls": max_metric_calls,
         "candidates": len(candidates),
         "best_index": best,
         "best_val_score": result.val_aggregate_scores[best],
         "seed_val_score": result.val_aggregate_scores[0],
-        "seed_prompt": result.candidates[0][COMPONENT],
+        "evolved": sorted(result.candidates[0]),
         "resumed": resumed,
     }
-    (folder / "best_prompt.txt").write_text(result.candidates[best][COMPONENT])
+    (folder / "best_prompt.txt").write_text(result.candidates[best][SYSTEM_PROMPT])
+    (folder / "best_candidate.json").write_text(json.dumps(result.candidates[best], indent=2) + "\n")
     (folder / "candidates.json").write_text(json.dumps(candidates, indent=2) + "\n")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -90,6 +90,7 @@ def run_rl(
         reference.to(accelerator.device)
 
     generator = HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
+    env, system_prompt = rollout.prompted(env)
     engine = make_engine(
         env,
         generator,
@@ -98,7 +99,7 @@ def run_rl(
         parser=get_parser(rollout.parser, tokenizer),
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=settings.temperature),
         limits=rollout.limits(),
-        system_prompt=rollout.system_prompt,
+        system_prompt=system_prompt,
     )
     # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
     token_budget = rollout.max_turns * rollout.max_new_tokens
