@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from trajlab.chat.parsers import get_parser
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.mixture import load_envs
 from trajlab.evolve.candidate import apply_candidate, prompt_tag, prompted, read_prompt_file
+from trajlab.inference.scripted import ScriptedGenerator
+from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
 
 
 def described(env, tool: str) -> str:
@@ -51,3 +55,22 @@ def test_episodes_are_named_by_the_texts_they_were_shown():
     tags = {prompt_tag("A", ARITHMETIC), prompt_tag("B", ARITHMETIC), prompt_tag("", ARITHMETIC),
             prompt_tag(None, ARITHMETIC.with_tool_descriptions({"submit": "Hand it in."}))}
     assert len(tags) == 4 and "" not in tags
+
+
+def test_an_env_offering_tools_per_episode_shows_the_evolved_descriptions(tiny_tokenizer, tiny_template):
+    from trajlab.env.builtin.bfcl import SPEC as BFCL
+
+    def first_prompt(spec):
+        engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
+                               chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
+                               limits=RolloutLimits(max_turns=1, max_episode_tokens=80000))
+        (episode,) = asyncio.run(engine.run([Episode("bfcl-0", next(spec.iter_tasks("train", 0)))]))
+        return episode
+
+    plain = first_prompt(BFCL)
+    shown = [tool["function"]["name"] for tool in plain.tools]
+    assert 0 < len(shown) < len(BFCL.tools)  # bfcl offers only the entry's classes' functions
+    episode = first_prompt(BFCL.with_tool_descriptions({shown[0]: "EVOLVED-DESCRIPTION-XYZ"}))
+    assert [tool["function"]["name"] for tool in episode.tools] == shown
+    assert "EVOLVED-DESCRIPTION-XYZ" in tiny_tokenizer.decode(episode.tokens.prompt_ids)
+    assert "EVOLVED-DESCRIPTION-XYZ" not in tiny_tokenizer.decode(plain.tokens.prompt_ids)

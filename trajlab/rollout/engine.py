@@ -239,18 +239,22 @@ class RolloutEngine(EpisodeRunner):
         return new_messages
 
     def _episode_tools(self, env: Any) -> list[dict[str, Any]]:
-        """The tools shown to the model this episode: the env's ``episode_tools`` if it set them, else all."""
+        """The tools shown to the model this episode: the env's ``episode_tools`` if it set them, else all.
+
+        A tool the spec describes differently (``EnvSpec.tool_descriptions``) is shown with that description.
+        """
         chosen = getattr(env, "episode_tools", None)
         if chosen is None:
             return self.tools
-        offered = {tool["function"]["name"] for tool in self.tools}
-        unknown = sorted({schema["function"]["name"] for schema in chosen} - offered)
+        offered = {tool["function"]["name"]: tool for tool in self.tools}
+        unknown = sorted({schema["function"]["name"] for schema in chosen} - set(offered))
         if unknown:
             raise ValueError(
                 f"{type(env).__name__}.episode_tools names {unknown}, which are not tools of the class: every tool "
                 "offered in an episode must be a public method of the env."
             )
-        return list(chosen)
+        redescribed = self.env.tool_descriptions
+        return [offered[name] if (name := schema["function"]["name"]) in redescribed else schema for schema in chosen]
 
     def _callable_schemas(self, env: Any, state: _EpisodeState) -> dict[str, dict[str, Any]]:
         """Tools the model may call now: the episode's list as the env holds it now (it may have announced more)."""
