@@ -23,11 +23,11 @@ from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluate import evaluate_trajectories
 from trajlab.evolve.candidate import prompt_tag
-from trajlab.inference.base import Generator, SamplingParams
+from trajlab.inference.base import Generator, SamplingParams, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import init_tiny_model, load_model, load_tokenizer
-from trajlab.rollout.engine import Episode, RolloutLimits, make_engine
+from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine
 from trajlab.rollout.types import Trajectory
 
 
@@ -114,7 +114,7 @@ def build_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
         tokenizer = load_tokenizer(config.tokenizer or ensure_default_model())
         template = resolve_chat_template(tokenizer)
         return ScriptedGenerator(config.env.oracle, tokenizer, template, name="oracle"), tokenizer, template
-    if str(config.policy).startswith(("http://", "https://")):
+    if is_server_url(config.policy):
         return _server_policy(config)
     tokenizer = load_tokenizer(config.policy)
     template = resolve_chat_template(tokenizer)
@@ -136,22 +136,20 @@ def _server_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
     return OpenAIGenerator(base_url, model, tokenizer), tokenizer, template
 
 
+def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:
+    """The engine rolling out ``config``'s policy on its env, with its parser, sampling, limits and system prompt."""
+    generator, tokenizer, template = build_policy(config)
+    return make_engine(config.env, generator, tokenizer, chat_template=template,
+                       parser=get_parser(config.parser, tokenizer), sampling=config.sampling, limits=config.limits,
+                       system_prompt=config.system_prompt)
+
+
 def collect(
     config: CollectConfig, *, on_progress: Callable[[int, int], None] | None = None
 ) -> dict[str, Any]:
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
-    generator, tokenizer, template = build_policy(config)
-    engine = make_engine(
-        config.env,
-        generator,
-        tokenizer,
-        chat_template=template,
-        parser=get_parser(config.parser, tokenizer),
-        sampling=config.sampling,
-        limits=config.limits,
-        system_prompt=config.system_prompt,
-    )
+    engine = build_engine(config)
     with TrajectoryStore(config.out) as store:
         todo = [episode for episode in episodes if episode.id not in store.ids]
         done = len(episodes) - len(todo)

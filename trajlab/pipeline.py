@@ -93,10 +93,10 @@ def _collect_config(
 def evolve_stage(config: PipelineConfig, env: Any, policy: str, out: Path, log: Log,
                  tokenizer: str | None = None) -> dict[str, Any]:
     """GEPA on ``policy`` (a model directory or server URL) with the config's rollout and evolve settings."""
-    from trajlab.evolve.run import evolve
+    from trajlab.evolve.run import evolve, rollouts_path
 
     settings = config.evolve
-    rollouts = _collect_config(config, env, policy, out / "gepa" / "rollouts.jsonl", tokenizer,
+    rollouts = _collect_config(config, env, policy, rollouts_path(out), tokenizer,
                                temperature=settings.temperature)
     return evolve(rollouts, settings, out, seed=config.seed, log=log)
 

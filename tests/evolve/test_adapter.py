@@ -26,7 +26,7 @@ from trajlab.evolve.candidate import seed_candidate
 from trajlab.evolve.reflection import LocalReflection
 from trajlab.evolve.run import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import RolloutLimits
+from trajlab.rollout.engine import RolloutEngine, RolloutLimits
 
 
 def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
@@ -35,8 +35,9 @@ def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
 
 def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) -> TrajlabAdapter:
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
-    return TrajlabAdapter(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
-                          limits=RolloutLimits(max_turns=4))
+    engine = RolloutEngine(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
+                           limits=RolloutLimits(max_turns=4))
+    return TrajlabAdapter(engine)
 
 
 def test_adapter_contract(tiny_tokenizer, tiny_template):

@@ -15,19 +15,14 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gepa import EvaluationBatch
-from transformers import PreTrainedTokenizerBase
 
-from trajlab.chat.parsers import ToolCallParser
 from trajlab.data.store import TrajectoryStore, read_trajectories
-from trajlab.env.registry import EnvSpec
 from trajlab.evolve.candidate import SYSTEM_PROMPT, tool_descriptions
-from trajlab.inference.base import Generator, SamplingParams
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.rewards import REWARDS, check_weights, score
 from trajlab.rollout.types import Trajectory
 
@@ -51,13 +46,8 @@ class TrajlabAdapter:
     the episode, and while :meth:`recording` a resumed run reuses every episode it finished before.
 
     Args:
-        env: the environment spec.
-        generator: the task policy (a local model, a server, or a scripted policy).
-        tokenizer: the policy's tokenizer.
-        chat_template: its prefix-preserving template.
-        parser: its tool-call parser.
-        sampling: sampling settings for every turn.
-        limits: turn, token and tool-time limits.
+        engine: rolls out the policy on the env (with its parser, chat template, sampling and limits); a candidate
+            sets its system prompt, and its tool descriptions give an engine of their own.
         weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
         concurrency: episodes run at once.
     """
@@ -68,29 +58,16 @@ class TrajlabAdapter:
     GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
     """
 
-    def __init__(
-        self,
-        env: EnvSpec,
-        generator: Generator,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        chat_template: str,
-        parser: ToolCallParser,
-        sampling: SamplingParams | None = None,
-        limits: RolloutLimits | None = None,
-        weights: Mapping[str, float] | None = None,
-        concurrency: int = 8,
-    ) -> None:
+    def __init__(self, engine: RolloutEngine, *, weights: Mapping[str, float] | None = None,
+                 concurrency: int = 8) -> None:
         if weights is not None:
             check_weights(weights)
-        self.env = env
+        self.engine = engine
         self.weights = dict(weights) if weights is not None else None
         self.concurrency = concurrency
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
-        self._make_engine = partial(RolloutEngine, generator=generator, tokenizer=tokenizer,
-                                    chat_template=chat_template, parser=parser, sampling=sampling, limits=limits)
-        self._engines: dict[str, RolloutEngine] = {}
+        self._engines: dict[str, RolloutEngine] = {json.dumps({}): engine}  # by tool descriptions
         self._results: dict[str, _Scored] = {}
         self._store: TrajectoryStore | None = None
 
@@ -125,7 +102,7 @@ class TrajlabAdapter:
         descriptions = tool_descriptions(candidate)
         key = json.dumps(descriptions, sort_keys=True)
         if key not in self._engines:
-            self._engines[key] = self._make_engine(self.env.with_tool_descriptions(descriptions))
+            self._engines[key] = self.engine.with_env(self.engine.env.with_tool_descriptions(descriptions))
         engine = self._engines[key]
         engine.system_prompt = candidate[SYSTEM_PROMPT]  # GEPA evaluates one candidate at a time
         return engine

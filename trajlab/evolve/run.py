@@ -21,8 +21,7 @@ import gepa
 from gepa.core.data_loader import DataLoader
 from gepa.strategies.eval_policy import FullEvaluationPolicy
 
-from trajlab.chat.parsers import get_parser
-from trajlab.collect import CollectConfig, build_policy
+from trajlab.collect import CollectConfig, build_engine
 from trajlab.config import EvolveSettings
 from trajlab.env.registry import EnvSpec
 from trajlab.evolve.adapter import TrajlabAdapter, task_key
@@ -83,10 +82,7 @@ def evolve(
     system_prompt = policy.system_prompt if policy.system_prompt is not None else spec.system_prompt or ""
     tools = [tool["function"]["name"] for tool in spec.tools] if settings.tools == "all" else settings.tools
     candidate = seed_candidate(spec, system_prompt, tools)
-    generator, tokenizer, template = build_policy(policy)
-    adapter = TrajlabAdapter(spec, generator, tokenizer, chat_template=template,
-                             parser=get_parser(policy.parser, tokenizer), sampling=policy.sampling,
-                             limits=policy.limits, weights=settings.rewards, concurrency=policy.concurrency)
+    adapter = TrajlabAdapter(build_engine(policy), weights=settings.rewards, concurrency=policy.concurrency)
     reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
                                        temperature=settings.reflection_temperature)
     return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
@@ -123,13 +119,13 @@ def run_evolve(
     but not new rollouts: ``summary["rollouts"]`` counts the episodes actually run, over all resumes.
     """
     out = Path(out)
-    run_dir = out / "gepa"
+    run_dir = rollouts_path(out).parent
     policy = _ResumingEvaluation(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_same_run(run_dir, {"seed_candidate": seed_candidate, "train_tasks": [task_key(t) for t in trainset],
                               "val_tasks": [task_key(t) for t in valset], "seed": seed,
                               "reward_weights": adapter.weights}, resuming=policy.resuming)
-    with adapter.recording(run_dir / ROLLOUTS_FILE) as store:
+    with adapter.recording(rollouts_path(out)) as store:
         earlier = len(store.ids)
         result = gepa.optimize(
             seed_candidate=seed_candidate,
@@ -151,6 +147,11 @@ def run_evolve(
     return write_result(result, out / "result", val_tasks=[task_key(t) for t in valset],
                         max_metric_calls=max_metric_calls, rollouts={"total": rollouts, "this_run": rollouts - earlier},
                         resumed=policy.resuming)
+
+
+def rollouts_path(out: str | Path) -> Path:
+    """The trajectory file of every episode an evolve run in ``out`` rolled out."""
+    return Path(out) / "gepa" / ROLLOUTS_FILE
 
 
 def _check_same_run(run_dir: Path, settings: dict[str, Any], *, resuming: bool) -> None:

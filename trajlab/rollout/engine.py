@@ -125,6 +125,13 @@ class RolloutEngine(EpisodeRunner):
         self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
         self._tool_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trajlab-tool")
 
+    def with_env(self, env: EnvSpec) -> RolloutEngine:
+        """An engine for ``env`` (e.g. the same env with other tool descriptions) with this one's policy, parser,
+        sampling, limits and system prompt."""
+        return RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
+                             parser=self.parser, sampling=self.sampling, limits=self.limits,
+                             system_prompt=self.system_prompt)
+
     async def run_episode(self, episode: Episode) -> Trajectory:
         """Run one episode to its end; errors are recorded in the trajectory, never raised."""
         started = time.perf_counter()
@@ -241,7 +248,8 @@ class RolloutEngine(EpisodeRunner):
     def _episode_tools(self, env: Any) -> list[dict[str, Any]]:
         """The tools shown to the model this episode: the env's ``episode_tools`` if it set them, else all.
 
-        A tool the spec describes differently (``EnvSpec.tool_descriptions``) is shown with that description.
+        Either way the schemas shown are the spec's, so a tool it describes differently
+        (``EnvSpec.tool_descriptions``) is shown with that description.
         """
         chosen = getattr(env, "episode_tools", None)
         if chosen is None:
@@ -253,8 +261,7 @@ class RolloutEngine(EpisodeRunner):
                 f"{type(env).__name__}.episode_tools names {unknown}, which are not tools of the class: every tool "
                 "offered in an episode must be a public method of the env."
             )
-        redescribed = self.env.tool_descriptions
-        return [offered[name] if (name := schema["function"]["name"]) in redescribed else schema for schema in chosen]
+        return [offered[schema["function"]["name"]] for schema in chosen]
 
     def _callable_schemas(self, env: Any, state: _EpisodeState) -> dict[str, dict[str, Any]]:
         """Tools the model may call now: the episode's list as the env holds it now (it may have announced more)."""
