@@ -14,6 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from trajlab.inference.base import is_server_url
+
 if TYPE_CHECKING:
     from trajlab.collect import CollectConfig
 
@@ -149,9 +151,7 @@ def _collect_config(
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 
-    if policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
-        raise ValueError(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]);"
-                         f" {policy!r} is none of these.")
+    _check_policy(policy)
     spec, system_prompt = prompted(load_envs(env), system_prompt, prompt_file)
     return CollectConfig(
         env=spec, policy=policy, episodes=episodes, out=out, tasks_file=tasks, system_prompt=system_prompt,
@@ -161,15 +161,17 @@ def _collect_config(
     )
 
 
-def _is_server(policy: str) -> bool:
-    return policy.startswith(("http://", "https://"))
+def _check_policy(policy: str) -> None:
+    if policy != "oracle" and not is_server_url(policy) and not Path(policy).is_dir():
+        raise ValueError(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]);"
+                         f" {policy!r} is none of these.")
 
 
 def _policy_label(policy: str) -> str:
     """A policy's name in tables: oracle, a model directory's name, or a server's model (else its URL)."""
     if policy == "oracle":
         return policy
-    if _is_server(policy):
+    if is_server_url(policy):
         return policy.partition("#")[2] or policy
     return Path(policy).name
 
@@ -361,11 +363,10 @@ def evolve(
     pipeline = _load_pipeline_config(config, overrides)
     if not isinstance(pipeline.env, str) or "," in pipeline.env:
         raise _fail("trajlab evolve runs one env; pass a single --env.")
-    if policy is not None and policy != "oracle" and not _is_server(policy) and not Path(policy).is_dir():
-        raise _fail(f"--policy must be 'oracle', a model directory or a server URL (http://host:port/v1[#model]); "
-                    f"{policy!r} is none of these.")
     out = out or Path(pipeline.run_dir) / "evolve"
     try:
+        if policy is not None:
+            _check_policy(policy)
         summary = evolve_stage(pipeline, load_envs(pipeline.env), policy or str(resolve_model(pipeline)), out,
                                log=_gepa_line, tokenizer=tokenizer)
     except ValueError as exc:

@@ -8,18 +8,27 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
-from trajlab.evolve.candidate import prompted
+from trajlab.evolve.candidate import check_prompt_sources, prompted
 from trajlab.rollout.engine import RolloutLimits
 from trajlab.rollout.rewards import check_weights
 
 Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
+
+
+def _known_weights(weights: dict[str, float]) -> dict[str, float]:
+    check_weights(weights)
+    return weights
+
+
+RewardWeights = Annotated[dict[str, float], AfterValidator(_known_weights)]
+"""Weights of named reward components; an unknown name is an error listing the known ones."""
 
 
 class Section(BaseModel):
@@ -48,8 +57,7 @@ class RolloutSettings(Section):
 
     @model_validator(mode="after")
     def _one_prompt_source(self) -> RolloutSettings:
-        if self.system_prompt is not None and self.prompt_file is not None:
-            raise ValueError("give system_prompt or prompt_file, not both")
+        check_prompt_sources(self.system_prompt, self.prompt_file)  # at load time, not when a stage starts
         return self
 
     def limits(self) -> RolloutLimits:
@@ -102,7 +110,7 @@ class RLSettings(Section):
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     credit: Literal["trajectory", "turn"] = "trajectory"
     """trajectory: one advantage for all tokens of a rollout; turn: per-turn rewards credited to that turn's tokens."""
-    rewards: dict[str, float] = Field(default_factory=lambda: {"env": 1.0})
+    rewards: RewardWeights = Field(default_factory=lambda: {"env": 1.0})
     """Weights of named reward components; weight 0 logs a component without training on it."""
     learning_rate: float = Field(1e-4, gt=0)
     temperature: float = Field(1.0, gt=0)
@@ -120,11 +128,6 @@ class RLSettings(Section):
     save_steps: int = Field(10, ge=1)
     lora: LoraSettings | None = None
 
-    @field_validator("rewards")
-    @classmethod
-    def _known_rewards(cls, weights: dict[str, float]) -> dict[str, float]:
-        check_weights(weights)
-        return weights
 
 
 class EvalSettings(Section):
@@ -154,19 +157,13 @@ class EvolveSettings(Section):
     """Tool descriptions to evolve along with the system prompt: names, or "all"."""
     use_merge: bool = False
     """Also propose candidates by merging two Pareto-front candidates (GEPA's merge proposer)."""
-    rewards: dict[str, float] | None = None
+    rewards: RewardWeights | None = None
     """Weights of named reward components scoring each episode (None: the env reward)."""
     temperature: float = Field(0.0, ge=0)
     """The policy's sampling temperature; at 0 a candidate's score on a task is reproducible."""
     reflection_max_new_tokens: int = Field(1024, ge=1)
     reflection_temperature: float = Field(0.7, ge=0)
 
-    @field_validator("rewards")
-    @classmethod
-    def _known_rewards(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
-        if weights is not None:
-            check_weights(weights)
-        return weights
 
 
 class PipelineConfig(Section):

@@ -112,6 +112,12 @@ def apply_candidate(env: EnvSpec | EnvMixture, candidate: dict[str, str]) -> Env
     return replace(env, specs=specs)
 
 
+def check_prompt_sources(system_prompt: str | None, prompt_file: str | Path | None) -> None:
+    if system_prompt is not None and prompt_file is not None:
+        raise ValueError("Give a system prompt (--system-prompt, rollout.system_prompt) or a prompt file "
+                         "(--prompt-file, rollout.prompt_file), not both.")
+
+
 def prompted(env: EnvSpec | EnvMixture, system_prompt: str | None,
              prompt_file: str | Path | None) -> tuple[EnvSpec | EnvMixture, str | None]:
     """The env and system prompt to roll out with: a prompt file's texts, else ``system_prompt`` (None: the env's).
@@ -119,11 +125,9 @@ def prompted(env: EnvSpec | EnvMixture, system_prompt: str | None,
     Raises:
         ValueError: both are given, or the prompt file is bad.
     """
+    check_prompt_sources(system_prompt, prompt_file)
     if prompt_file is None:
         return env, system_prompt
-    if system_prompt is not None:
-        raise ValueError("Give a system prompt (--system-prompt, rollout.system_prompt) or a prompt file "
-                         "(--prompt-file, rollout.prompt_file), not both.")
     candidate = read_prompt_file(prompt_file)
     return apply_candidate(env, candidate), candidate.get(SYSTEM_PROMPT)
 

@@ -12,12 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trajlab.inference.base import is_server_url
+
 ReflectionLM = Callable[[str], str]
 
 
 def load_reflection_lm(spec: str, *, max_new_tokens: int = 1024, temperature: float = 0.7) -> ReflectionLM:
     """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM; a server's model is checked up front."""
-    if spec.startswith(("http://", "https://")):
+    if is_server_url(spec):
         return ServerReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
     if not Path(spec).is_dir():
         raise ValueError(f"--reflection must be a model directory or a server URL (http://host:port/v1[#model]); "

@@ -11,6 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 
+def is_server_url(spec: str) -> bool:
+    """Whether a ``--policy``/``--reflection`` value names an OpenAI-compatible server rather than a directory."""
+    return str(spec).startswith(("http://", "https://"))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one assistant turn."""

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
+from trajlab.inference.base import is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
@@ -44,7 +45,7 @@ def build_app(config: ServeConfig) -> FastAPI:
     if (config.model is None) == (config.upstream is None):
         raise ValueError("give exactly one of --model (serve a model directory) and --upstream (forward to a server)")
     if config.upstream is not None:
-        if not config.upstream.startswith(("http://", "https://")):
+        if not is_server_url(config.upstream):
             raise ValueError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8001/v1, not "
                              f"{config.upstream!r}")
         limits = ServeLimits(max_body_bytes=config.max_body_bytes)
