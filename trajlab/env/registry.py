@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.env.base import tool_names, tool_schemas
+from trajlab.env.limits import EpisodeLimits
 
 TaskGenerator = Callable[[str, int], Iterable[dict[str, Any]]]
 """``tasks(split, seed)``: the tasks of a split, in a fixed order for a given seed."""
@@ -37,6 +38,8 @@ class EnvSpec:
     metadata: dict[str, Any] = field(default_factory=dict)
     tool_descriptions: dict[str, str] = field(default_factory=dict)
     """Descriptions shown to the model instead of the docstrings' (e.g. evolved by ``trajlab evolve``)."""
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    """What this env's episodes need (turns, tokens, tool time); used unless the user sets other limits."""
 
     @property
     def description(self) -> str:

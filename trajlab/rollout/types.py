@@ -6,11 +6,26 @@ invariant ``len(completion_ids) == len(loss_mask) == len(logprobs)`` is checked 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Status = Literal["success", "failure", "truncated", "error"]
+
+
+def task_id(task: dict[str, Any]) -> str:
+    """A task's identity within its env: its ``task_id`` field, else a hash of its content.
+
+    The hash is over the task as JSON with sorted keys, so the same task gets the same id in every run and process
+    (Python's ``hash`` is salted per process). Across envs, a task is ``(env, task_id(task))``: two envs may both
+    have a task ``"0"``.
+    """
+    if "task_id" in task:
+        return str(task["task_id"])
+    blob = json.dumps(task, sort_keys=True, ensure_ascii=False, default=str)
+    return "task-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 class TokenRecord(BaseModel):
@@ -71,3 +86,6 @@ class Trajectory(BaseModel):
     error: str | None = None
     policy: str = ""
     split: str | None = None
+    group: str | None = None
+    """Rollouts with the same group are compared with each other for advantages (RL: one task's samples in a
+    step); None outside RL."""
