@@ -147,7 +147,7 @@ def _collect_config(
     """The CollectConfig behind `collect` and `eval`; ValueError names a bad option."""
     from trajlab.collect import CollectConfig
     from trajlab.env.mixture import load_envs
-    from trajlab.evolve.candidate import prompted
+    from trajlab.env.prompts import prompted
     from trajlab.inference.base import SamplingParams
     from trajlab.rollout.engine import RolloutLimits
 

@@ -20,9 +20,9 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
+from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluate import evaluate_trajectories
-from trajlab.evolve.candidate import prompt_tag
 from trajlab.inference.base import Generator, SamplingParams, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator

@@ -14,8 +14,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trajlab.env.mixture import EnvMixture
+from trajlab.env.prompts import check_prompt_sources, prompted
 from trajlab.env.registry import EnvSpec
-from trajlab.evolve.candidate import check_prompt_sources, prompted
 from trajlab.rollout.engine import RolloutLimits
 from trajlab.rollout.rewards import check_weights
 

@@ -19,9 +19,9 @@ from trajlab.chat.parsers import get_parser
 from trajlab.data.store import read_trajectories
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.builtin.arithmetic import oracle
+from trajlab.env.prompts import SYSTEM_PROMPT as COMPONENT
 from trajlab.env.registry import EnvSpec
 from trajlab.evolve.adapter import TrajlabAdapter
-from trajlab.evolve.candidate import SYSTEM_PROMPT as COMPONENT
 from trajlab.evolve.candidate import seed_candidate
 from trajlab.evolve.reflection import LocalReflection
 from trajlab.evolve.run import run_evolve

@@ -10,7 +10,7 @@ import pytest
 from trajlab.chat.parsers import get_parser
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.mixture import load_envs
-from trajlab.evolve.candidate import apply_candidate, prompt_tag, prompted, read_prompt_file
+from trajlab.env.prompts import apply_candidate, prompt_tag, prompted, read_prompt_file
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
 

@@ -21,7 +21,7 @@ from typing import Any
 from gepa import EvaluationBatch
 
 from trajlab.data.store import TrajectoryStore, read_trajectories
-from trajlab.evolve.candidate import SYSTEM_PROMPT, tool_descriptions
+from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.rewards import REWARDS, check_weights, score
 from trajlab.rollout.types import Trajectory
