@@ -1,22 +1,26 @@
-"""The YAML config of ``trajlab run``: one pydantic model per section, unknown keys are errors.
+"""The settings of every stage: one pydantic model per config section, unknown keys are errors.
 
-Defaults live here and nowhere else. A misspelled key fails validation with the key's path and the closest valid
-name, instead of silently falling back to a default.
+Each setting (name, type, default, help text) is written here once. A YAML config, ``trajlab`` command-line options
+(``--max-turns``, ``--set rollout.max_turns=4``) and the Python API (``trajlab.evaluate(..., num_tasks=50)``) are
+three views of the same fields, all validated by these models, so ``trajlab eval`` and the ``eval`` stage of
+``trajlab run`` measure the same thing by default. A misspelled section or key fails validation with its path and
+the closest valid name, instead of silently falling back to a default.
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from trajlab.env.mixture import EnvMixture
+from trajlab.env.limits import EpisodeLimits
+from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.prompts import check_prompt_sources, prompted
 from trajlab.env.registry import EnvSpec
-from trajlab.rollout.engine import RolloutLimits
+from trajlab.errors import UserError
 from trajlab.rollout.rewards import check_weights
 
 Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
@@ -32,7 +36,7 @@ RewardWeights = Annotated[dict[str, float], AfterValidator(_known_weights)]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ModelSettings(Section):
@@ -42,13 +46,25 @@ class ModelSettings(Section):
     """Weight seed of the tiny model when ``path`` is None."""
 
 
-class RolloutSettings(Section):
-    max_turns: int = Field(6, ge=1)
-    max_episode_tokens: int = Field(1024, ge=16)
-    max_new_tokens: int = Field(48, ge=1)
-    tool_timeout_s: float = Field(10.0, gt=0)
+def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:
+    """The env's episode limits as optional settings: same names, types, bounds and help; None keeps the env's."""
+    fields = {}
+    for name, field in limits.model_fields.items():
+        kind = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+        fields[name] = (kind | None, Field(None, description=f"{field.description} Default: the env's own (see "
+                                           "`trajlab envs`)."))
+    return fields
+
+
+LimitSettings = create_model("LimitSettings", __base__=Section, **_overrides_of(EpisodeLimits))
+"""The episode limits a user may set; each left at None is the env's own (:attr:`EnvSpec.limits`)."""
+
+
+class RolloutSettings(LimitSettings):
     concurrency: int = Field(32, ge=1)
+    """Episodes run at once."""
     parser: str = "auto"
+    """Tool-call parser: auto, hermes, llama3, response_template."""
     system_prompt: str | None = None
     """Replaces the env's system prompt; "" means none."""
     prompt_file: str | None = None
@@ -60,9 +76,9 @@ class RolloutSettings(Section):
         check_prompt_sources(self.system_prompt, self.prompt_file)  # at load time, not when a stage starts
         return self
 
-    def limits(self) -> RolloutLimits:
-        return RolloutLimits(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
-                             tool_timeout_s=self.tool_timeout_s)
+    def limit_overrides(self) -> dict[str, int | float]:
+        """The limits the user set (the engine applies each env's own for the rest)."""
+        return {name: value for name in EpisodeLimits.model_fields if (value := getattr(self, name)) is not None}
 
     def prompted(self, env: EnvSpec | EnvMixture) -> tuple[EnvSpec | EnvMixture, str | None]:
         """The env with the prompt file's tool descriptions, and the system prompt to use (None: the env's)."""
@@ -71,53 +87,83 @@ class RolloutSettings(Section):
 
 class CollectSettings(Section):
     episodes: int = Field(1000, ge=1)
-    """Reference-policy demonstrations collected on the train split."""
+    """Episodes to collect (the run's collect stage: reference-policy demonstrations)."""
+    split: str = "train"
+    """Task split: train or test (validation where the env has one, e.g. bfcl)."""
+    samples_per_task: int = Field(1, ge=1)
+    """Episodes per task."""
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature (0: greedy)."""
 
 
 class LoraSettings(Section):
     r: int = Field(16, ge=1)
+    """LoRA rank."""
     alpha: int = Field(32, ge=1)
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the LoRA branch."""
     target_modules: list[str] | str = "all-linear"
+    """Modules given adapters: names, or "all-linear"."""
 
 
 class DatasetSettings(Section):
     include_failures: bool = False
+    """Keep failed and truncated episodes too, with a `success` column."""
     shortest_per_task: bool = False
+    """Keep only the shortest success of each task."""
     max_tokens: int | None = None
+    """Drop trajectories longer than this many tokens (None: keep all)."""
 
 
 class SFTSettings(Section):
     epochs: float = Field(2.0, gt=0)
+    """Epochs over the data."""
     max_steps: int = -1
     """Stop after this many optimizer steps (-1: run all epochs)."""
     learning_rate: float = Field(3e-3, gt=0)
+    """Peak learning rate."""
     batch_size: int = Field(8, ge=1)
+    """Sequences per device step."""
     gradient_accumulation_steps: int = Field(1, ge=1)
+    """Device steps per optimizer step."""
     warmup_steps: int = Field(10, ge=0)
+    """Optimizer steps of learning-rate warm-up."""
     lr_scheduler: str = "cosine"
+    """A transformers scheduler name, e.g. cosine, constant_with_warmup."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     logging_steps: int = Field(25, ge=1)
+    """Optimizer steps between log lines."""
     save_steps: int = Field(100, ge=1)
+    """Optimizer steps between checkpoints."""
     lora: LoraSettings | None = None
+    """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
 
 
 class RLSettings(Section):
     steps: int = Field(30, ge=1)
+    """RL steps (rollouts + update each)."""
     tasks_per_step: int = Field(8, ge=1)
+    """Train tasks rolled out per step."""
     group_size: int = Field(8, ge=2)
     """Rollouts per task; advantages compare rollouts of the same task."""
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """Advantage estimator: grpo, dr_grpo (no std normalisation) or rloo (leave-one-out)."""
     credit: Literal["trajectory", "turn"] = "trajectory"
     """trajectory: one advantage for all tokens of a rollout; turn: per-turn rewards credited to that turn's tokens."""
     rewards: RewardWeights = Field(default_factory=lambda: {"env": 1.0})
     """Weights of named reward components; weight 0 logs a component without training on it."""
     learning_rate: float = Field(1e-4, gt=0)
+    """Learning rate."""
     temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of the rollouts."""
     clip_eps: float = Field(0.2, gt=0)
+    """PPO-style ratio clipping range."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the starting policy (0: no reference model is kept)."""
     epochs_per_step: int = Field(1, ge=1)
+    """Passes over each step's rollouts."""
     minibatch_size: int | None = Field(None, ge=1)
     """Rollouts per optimizer step (None: the whole step's batch, one optimizer step per epoch)."""
     micro_batch_size: int = Field(16, ge=1)
@@ -125,20 +171,38 @@ class RLSettings(Section):
     warmup_steps: int = Field(0, ge=0)
     """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradient-norm clipping."""
     save_steps: int = Field(10, ge=1)
+    """Steps between checkpoints."""
     lora: LoraSettings | None = None
+    """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
 
 
 
 class EvalSettings(Section):
-    tasks: int = Field(100, ge=1)
-    """Held-out tasks per evaluation."""
+    num_tasks: int = Field(100, ge=1)
+    """Held-out tasks per evaluation (a tasks file: all of its tasks)."""
     samples_per_task: int = Field(1, ge=1)
-    ks: list[int] = Field(default_factory=lambda: [1])
+    """Episodes per task; pass@k needs k <= this."""
+    ks: list[Annotated[int, Field(ge=1)]] | None = None
+    """pass@k budgets to report (None: 1 and samples_per_task)."""
     temperature: float = Field(0.0, ge=0)
+    """Sampling temperature (0: greedy)."""
     split: str = "test"
+    """Task split to evaluate on."""
     seed: int = 0
     """Task order seed: fixed by default so runs with different training seeds are scored on the same tasks."""
+
+    @model_validator(mode="after")
+    def _ks_within_samples(self) -> EvalSettings:
+        if self.ks and max(self.ks) > self.samples_per_task:
+            raise ValueError(f"pass@{max(self.ks)} needs samples_per_task >= {max(self.ks)}; got "
+                             f"{self.samples_per_task}.")
+        return self
+
+    def pass_at(self) -> list[int]:
+        """The pass@k budgets to report."""
+        return sorted(set(self.ks or [1, self.samples_per_task]))
 
 
 class EvolveSettings(Section):
@@ -153,6 +217,7 @@ class EvolveSettings(Section):
     val_tasks: int = Field(16, ge=1)
     """The next train-split tasks: every accepted candidate is scored on all of them (Pareto selection)."""
     minibatch_size: int = Field(3, ge=1)
+    """Tasks per reflection minibatch."""
     tools: list[str] | Literal["all"] = Field(default_factory=list)
     """Tool descriptions to evolve along with the system prompt: names, or "all"."""
     use_merge: bool = False
@@ -162,7 +227,9 @@ class EvolveSettings(Section):
     temperature: float = Field(0.0, ge=0)
     """The policy's sampling temperature; at 0 a candidate's score on a task is reproducible."""
     reflection_max_new_tokens: int = Field(1024, ge=1)
+    """Tokens the reflection LM may write per proposal."""
     reflection_temperature: float = Field(0.7, ge=0)
+    """Sampling temperature of the reflection LM."""
 
 
 
@@ -170,33 +237,60 @@ class PipelineConfig(Section):
     """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, and optionally evolve."""
 
     run_dir: str = "runs/run"
-    env: str | list[str]
-    """A registered env name or import path; a list (or comma-separated names) mixes envs in one run."""
+    """Where every stage writes its results; re-running resumes from them."""
+    env: str | list[str] | None = None
+    """A registered env name or import path; a list (or comma-separated names) mixes envs in one run. Every stage
+    but sft needs one."""
     seed: int = 0
+    """Training seed (and task order of the collect and RL stages)."""
     stages: list[Stage] = Field(default_factory=lambda: ["collect", "sft", "eval", "rl", "eval"])
+    """Stages run in order: collect, sft, eval, rl, evolve (eval may repeat)."""
     model: ModelSettings = Field(default_factory=ModelSettings)
+    """The starting model."""
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    """How episodes are rolled out in every stage."""
     collect: CollectSettings = Field(default_factory=CollectSettings)
+    """The collect stage (and `trajlab collect`)."""
     dataset: DatasetSettings = Field(default_factory=DatasetSettings)
+    """Turning demonstrations into the SFT dataset."""
     sft: SFTSettings = Field(default_factory=SFTSettings)
+    """Supervised fine-tuning."""
     rl: RLSettings = Field(default_factory=RLSettings)
+    """Online multi-turn RL."""
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    """Every eval stage (and `trajlab eval`)."""
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+    """Prompt evolution with GEPA."""
+
+    def env_spec(self) -> EnvSpec | EnvMixture:
+        """The configured env (or mixture), loaded.
+
+        Raises:
+            ConfigError: no env is configured.
+        """
+        if self.env is None:
+            raise ConfigError("no env given: pass --env NAME (or --set env=NAME), or put an `env:` line in the config.")
+        return load_envs(self.env)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A config file that does not validate; the message names each bad key."""
 
 
 def load_config(path: str | Path | None, overrides: dict | None = None) -> PipelineConfig:
-    """Read and validate a YAML config; ``overrides`` (nested dicts) replace values from the file (or, with no
-    file, are the whole config)."""
+    """Read and validate a YAML config; ``overrides`` (nested dicts, e.g. from ``--set``) replace values from the file
+    (or, with no file, are the whole config). Every ``--config`` of every command goes through here.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or a section or key is unknown or invalid (each named, with
+            the closest valid name).
+    """
     data, source = {}, "the given settings"
     if path is not None:
         path = source = Path(path)
         try:
             data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError as exc:
+        except (FileNotFoundError, IsADirectoryError) as exc:
             raise ConfigError(f"{path}: no such config file") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
@@ -206,7 +300,7 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> Pipel
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid config:\n" + "\n".join(_describe(e) for e in exc.errors())) from exc
+        raise ConfigError(f"{source}: invalid config:\n{describe_errors(exc)}") from exc
 
 
 def _merge(base: dict, overrides: dict) -> None:
@@ -217,11 +311,16 @@ def _merge(base: dict, overrides: dict) -> None:
             base[key] = value
 
 
-def _describe(error: dict) -> str:
+def describe_errors(error: ValidationError, root: type[BaseModel] = PipelineConfig) -> str:
+    """One line per problem: where it is, what is wrong; an unknown key names the closest valid one."""
+    return "\n".join(_describe(item, root) for item in error.errors())
+
+
+def _describe(error: Any, root: type[BaseModel]) -> str:
     where = ".".join(str(part) for part in error["loc"])
     if error["type"] != "extra_forbidden":
         return f"  {where}: {error['msg']}"
-    section: type[BaseModel] = PipelineConfig
+    section: type[BaseModel] = root
     for part in error["loc"][:-1]:
         annotation = section.model_fields[str(part)].annotation
         section = next((a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)

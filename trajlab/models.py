@@ -8,6 +8,7 @@ Every other model goes through the same `load_model` / `load_tokenizer` path wit
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -288,6 +289,18 @@ def _require_local(name_or_path: str | Path, what: str) -> str:
     if not path.is_dir():
         raise NotADirectoryError(f"cannot load {what}: {path} is a file, not a model directory")
     return str(path)
+
+
+def default_model_dir() -> Path:
+    """Where the tiny offline default model lives; built on first use."""
+    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
+
+
+def ensure_default_model() -> Path:
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        init_tiny_model(path, overwrite=True)
+    return path
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from trajlab.chat.template import resolve_chat_template
 from trajlab.cli import app
-from trajlab.collect import CollectConfig, collect, collected
+from trajlab.recipes.collect import CollectConfig, collect, collected
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec, load_env

@@ -18,7 +18,7 @@ import pytest
 
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
-from trajlab.collect import CollectConfig, build_policy, collect
+from trajlab.recipes.collect import CollectConfig, build_policy, collect
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class EpisodeLimits(BaseModel):
     """Turn, token and tool-time limits of one episode."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     max_turns: int = Field(8, ge=1)
     """Model turns per episode."""

@@ -21,7 +21,7 @@ import gepa
 from gepa.core.data_loader import DataLoader
 from gepa.strategies.eval_policy import FullEvaluationPolicy
 
-from trajlab.collect import CollectConfig, build_engine
+from trajlab.recipes.collect import CollectConfig, build_engine
 from trajlab.config import EvolveSettings
 from trajlab.env.registry import EnvSpec
 from trajlab.evolve.adapter import TrajlabAdapter, task_key

@@ -15,6 +15,7 @@ Runs through accelerate, so the same loop trains on several GPUs (each process r
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import logging
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from transformers import DynamicCache, PreTrainedTokenizerBase
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
@@ -56,7 +57,7 @@ MIN_SHARED_HEAD = 16
 
 
 def run_rl(
-    model_dir: str | Path,
+    model_dir: str | Path | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     chat_template: str,
     env: EnvSpec | EnvMixture,
@@ -68,19 +69,22 @@ def run_rl(
     resume: bool = False,
     on_step: Callable[[dict[str, float]], None] | None = None,
 ) -> Path:
-    """Train ``model_dir`` with RL on ``env``'s train tasks; returns ``out_dir/final`` (LoRA merged)."""
+    """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
+    ``out_dir/final`` (LoRA merged)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator()
     set_seed(seed)
 
     # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
-    policy = load_model(model_dir)
+    policy = load_model(model_dir) if isinstance(model_dir, str | Path) else model_dir
     if settings.lora:
         from peft import get_peft_model
 
         policy = get_peft_model(policy, lora_config(settings.lora))
-    reference = load_model(model_dir) if settings.kl_coef > 0 and not settings.lora else None
+    reference = None
+    if settings.kl_coef > 0 and not settings.lora:  # a frozen copy of the starting weights
+        reference = load_model(model_dir) if isinstance(model_dir, str | Path) else copy.deepcopy(model_dir)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
     warmup = settings.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: min(1.0, (done + 1) / (warmup + 1)))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
@@ -39,7 +39,7 @@ def training_columns(dataset: Dataset) -> Dataset:
 
 
 def run_sft(
-    model_dir: str | Path,
+    model_dir: str | Path | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     dataset: Dataset,
     out_dir: str | Path,
@@ -48,7 +48,8 @@ def run_sft(
     seed: int = 0,
     resume: bool = False,
 ) -> Path:
-    """Fine-tune ``model_dir`` on ``dataset``; returns ``out_dir/final`` (a plain model directory, LoRA merged).
+    """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
+    model directory, LoRA merged).
 
     Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one.
     """
@@ -79,7 +80,7 @@ def run_sft(
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
     )
-    model = load_model(model_dir)
+    model = load_model(model_dir) if isinstance(model_dir, str | Path) else model_dir
     model.train()
     trainer = SFTTrainer(
         model=model,

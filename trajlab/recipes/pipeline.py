@@ -17,15 +17,12 @@ from typing import Any
 
 import yaml
 
-from trajlab.collect import CollectConfig, collect, collected
+from trajlab import api
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
-from trajlab.env.mixture import load_envs
-from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
-from trajlab.inference.base import SamplingParams
-from trajlab.models import init_tiny_model, load_tokenizer
-from trajlab.rollout.rewards import score
+from trajlab.evaluate import EvalReport
+from trajlab.models import init_tiny_model
 
 Log = Callable[[str], None]
 
@@ -35,26 +32,29 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    env = load_envs(config.env)
+    env = config.env_spec()
     base = resolve_model(config, log)
-    tokenizer = load_tokenizer(base)
 
     current, label, reports = base, "untrained" if config.model.path is None else "base", []
     for stage in config.stages:
         started = time.perf_counter()
         if stage == "collect":
-            summary = collect(_collect_config(config, env, "oracle", run / "demos.jsonl", str(base)))
-            log(f"collect: {summary['episodes']} demonstrations, success rate {summary['success_rate']:.3f}")
+            demos = api.collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
+                                rollout=config.rollout, **config.collect.model_dump())
+            rate = sum(t.status == "success" for t in demos) / len(demos)
+            log(f"collect: {len(demos)} demonstrations, success rate {rate:.3f}")
         elif stage == "sft":
-            current, label = _sft(config, current, tokenizer, run, log), "sft"
+            current, label = _sft(config, current, run, log), "sft"
         elif stage == "rl":
-            current, label = _rl(config, env, current, tokenizer, run, log), "rl"
+            current, label = _rl(config, env, current, run, log), "rl"
         elif stage == "evolve":
             candidate = _evolve(config, env, current, run / "evolve", log)
             rollout = config.rollout.model_copy(update={"system_prompt": None, "prompt_file": str(candidate)})
             config, label = config.model_copy(update={"rollout": rollout}), f"{label}+evolved"
         elif stage == "eval":
-            reports.append(_eval(config, env, current, label, run / f"eval-{len(reports)}-{label}"))
+            reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
+                                        rollout=config.rollout, rewards=config.rl.rewards, label=label,
+                                        **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
@@ -73,34 +73,6 @@ def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
     return base
 
 
-def _collect_config(
-    config: PipelineConfig, env: Any, policy: str, out: Path, tokenizer: str | None = None, *,
-    split: str = "train", seed: int | None = None, episodes: int | None = None, samples_per_task: int = 1,
-    temperature: float = 1.0,
-) -> CollectConfig:
-    rollout = config.rollout
-    env, system_prompt = rollout.prompted(env)
-    return CollectConfig(
-        env=env, policy=policy, episodes=episodes or config.collect.episodes, out=out, split=split,
-        seed=config.seed if seed is None else seed,
-        samples_per_task=samples_per_task, tokenizer=tokenizer, parser=rollout.parser,
-        concurrency=rollout.concurrency, system_prompt=system_prompt,
-        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=temperature),
-        limits=rollout.limits(),
-    )
-
-
-def evolve_stage(config: PipelineConfig, env: Any, policy: str, out: Path, log: Log,
-                 tokenizer: str | None = None) -> dict[str, Any]:
-    """GEPA on ``policy`` (a model directory or server URL) with the config's rollout and evolve settings."""
-    from trajlab.evolve.run import evolve, rollouts_path
-
-    settings = config.evolve
-    rollouts = _collect_config(config, env, policy, rollouts_path(out), tokenizer,
-                               temperature=settings.temperature)
-    return evolve(rollouts, settings, out, seed=config.seed, log=log)
-
-
 def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) -> Path:
     """The evolve stage; returns the best candidate's file, which the later stages roll out with."""
     result = out / "result"
@@ -108,15 +80,14 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     if done.get("max_metric_calls") == config.evolve.max_metric_calls:
         log(f"evolve: already done ({result})")
     else:
-        summary = evolve_stage(config, env, str(model), out, log=lambda line: None)
+        summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
+                             log=lambda line: None, **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
     return result / "best_candidate.json"
 
 
-def _sft(config: PipelineConfig, model: Path, tokenizer: Any, run: Path, log: Log) -> Path:
-    from trajlab.train.sft import run_sft
-
+def _sft(config: PipelineConfig, model: Path, run: Path, log: Log) -> Path:
     final = run / "sft" / "final"
     if (final / "config.json").exists():
         log(f"sft: already done ({final})")
@@ -130,13 +101,10 @@ def _sft(config: PipelineConfig, model: Path, tokenizer: Any, run: Path, log: Lo
                           shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
     save_dataset(dataset, run / "sft_dataset")
     log(f"sft: {len(dataset)} rows")
-    return run_sft(model, tokenizer, dataset, run / "sft", config.sft, seed=config.seed, resume=True)
+    return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **config.sft.model_dump())
 
 
-def _rl(config: PipelineConfig, env: Any, model: Path, tokenizer: Any, run: Path, log: Log) -> Path:
-    from trajlab.chat.template import resolve_chat_template
-    from trajlab.train.rl import run_rl
-
+def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> Path:
     final = run / "rl" / "final"
     if (final / "config.json").exists():
         log(f"rl: already done ({final})")
@@ -147,22 +115,5 @@ def _rl(config: PipelineConfig, env: Any, model: Path, tokenizer: Any, run: Path
             f"success {record['success_rate']:.3f} zero-var groups {record['zero_variance_groups']:.2f} "
             f"kl {record['kl']:.4f} entropy {record['entropy']:.3f} {record['tokens_per_s']:.0f} tok/s")
 
-    return run_rl(model, tokenizer, resolve_chat_template(tokenizer), env, config.rl, config.rollout, run / "rl",
-                  seed=config.seed, resume=True, on_step=show)
-
-
-def _eval(config: PipelineConfig, env: Any, model: Path, label: str, out: Path) -> EvalReport:
-    settings = config.eval
-    collect_config = _collect_config(
-        config, env, str(model), out / "trajectories.jsonl", split=settings.split, seed=settings.seed,
-        episodes=settings.tasks * settings.samples_per_task, samples_per_task=settings.samples_per_task,
-        temperature=settings.temperature,
-    )
-    summary = collect(collect_config)
-    trajectories = collected(collect_config)
-    for trajectory in trajectories:  # log every reward component alongside success
-        score(trajectory, config.rl.rewards)
-    report = evaluate_trajectories(trajectories, ks=settings.ks, label=label,
-                                   tokens_per_s=summary["tokens_per_s"] or None)
-    save_report(report, out / "eval.json")
-    return report
+    return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
+                  **config.rl.model_dump())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,31 +16,31 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.chat.parsers import get_parser
-from trajlab.chat.template import resolve_chat_template
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluate import evaluate_trajectories
-from trajlab.inference.base import Generator, SamplingParams, is_server_url
-from trajlab.inference.hf import HFGenerator
-from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import init_tiny_model, load_model, load_tokenizer
+from trajlab.inference.base import SamplingParams
+from trajlab.inference.policy import Policy, PolicyLike, load_policy
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine
-from trajlab.rollout.types import Trajectory
+from trajlab.rollout.types import Trajectory, task_id
 
 
 @dataclass
 class CollectConfig:
+    """What to roll out, with which policy, into which file; episode ids follow from it (see the module doc)."""
+
     env: EnvSpec | EnvMixture
-    policy: str  # "oracle", a model directory, or an OpenAI-compatible server's URL (http://host:port/v1[#model])
+    policy: PolicyLike | Policy  # see trajlab.inference.policy.load_policy
     episodes: int
     out: Path
     split: str = "train"
     seed: int = 0
     samples_per_task: int = 1
     tasks_file: Path | None = None
-    tokenizer: str | None = None  # for the oracle or a server: whose tokens the trajectories are written in
+    tasks: list[dict[str, Any]] | None = None  # instead of a tasks file or the env's generator
+    tokenizer: Any = None  # for the oracle, a server, a model or a Generator: the trajectories' tokens
     parser: str = "auto"
     concurrency: int = 8
     sampling: SamplingParams = SamplingParams()
@@ -49,25 +48,14 @@ class CollectConfig:
     system_prompt: str | None = None
 
 
-def default_model_dir() -> Path:
-    """Where the tiny offline default model lives; built on first use."""
-    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
-
-
-def ensure_default_model() -> Path:
-    path = default_model_dir()
-    if not (path / "config.json").exists():
-        init_tiny_model(path, overwrite=True)
-    return path
-
-
 def plan_episodes(config: CollectConfig) -> list[Episode]:
     """The exact episodes a collect command stands for, in order."""
-    if config.tasks_file is not None:
-        rows = read_tasks_file(config.tasks_file)
+    if config.tasks_file is not None or config.tasks is not None:
+        rows = read_tasks_file(config.tasks_file) if config.tasks is None else config.tasks
+        where = config.tasks_file or "tasks"
         tasks = [{"task_id": str(row.get("task_id", f"line{i + 1}")), **row} for i, row in enumerate(rows)]
         for number, task in enumerate(tasks, start=1):
-            _check_env_column(config.env, task, f"{config.tasks_file}:{number}")
+            _check_env_column(config.env, task, f"{where}:{number}")
     else:
         needed = -(-config.episodes // config.samples_per_task)
         tasks = list(itertools.islice(config.env.iter_tasks(config.split, config.seed), needed))
@@ -82,7 +70,7 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         cycle, task_index = divmod(task_index, len(tasks))
         task = tasks[task_index]
         sample += cycle * config.samples_per_task
-        task_key = f"{task[ENV_COLUMN]}/{task['task_id']}" if ENV_COLUMN in task else task["task_id"]
+        task_key = f"{task[ENV_COLUMN]}/{task_id(task)}" if ENV_COLUMN in task else task_id(task)
         episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}{tag}"
         episodes.append(Episode(id=episode_id, task=task, split=config.split))
     return episodes
@@ -106,42 +94,17 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
     return [t for t in read_trajectories(config.out) if t.id in wanted]
 
 
-def build_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
-    """The generator, its tokenizer and its (prefix-preserving) chat template for a ``--policy`` value."""
-    if config.policy == "oracle":
-        if config.env.oracle is None:
-            raise ValueError(f"Environment '{config.env.name}' has no reference policy; pass a model directory.")
-        tokenizer = load_tokenizer(config.tokenizer or ensure_default_model())
-        template = resolve_chat_template(tokenizer)
-        return ScriptedGenerator(config.env.oracle, tokenizer, template, name="oracle"), tokenizer, template
-    if is_server_url(config.policy):
-        return _server_policy(config)
-    tokenizer = load_tokenizer(config.policy)
-    template = resolve_chat_template(tokenizer)
-    model = load_model(config.policy)
-    return HFGenerator(model, tokenizer, name=str(config.policy)), tokenizer, template
-
-
-def _server_policy(config: CollectConfig) -> tuple[Generator, Any, str]:
-    """``--policy http://host:port/v1[#model]``: an OpenAI-compatible server, read with the local ``--tokenizer``."""
-    from trajlab.inference.openai_server import OpenAIGenerator, served_model, split_policy_url
-
-    if config.tokenizer is None:
-        raise ValueError(f"--policy {config.policy} is a server: pass --tokenizer with the served model's "
-                         "directory (prompts are rendered and tool calls read locally, in its tokens).")
-    base_url, model = split_policy_url(config.policy)
-    model = served_model(base_url, model)
-    tokenizer = load_tokenizer(config.tokenizer)
-    template = resolve_chat_template(tokenizer)
-    return OpenAIGenerator(base_url, model, tokenizer), tokenizer, template
+def build_policy(config: CollectConfig) -> Policy:
+    """The generator, tokenizer and chat template of ``config.policy``."""
+    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle)
 
 
 def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:
     """The engine rolling out ``config``'s policy on its env, with its parser, sampling, limits and system prompt."""
-    generator, tokenizer, template = build_policy(config)
-    return make_engine(config.env, generator, tokenizer, chat_template=template,
-                       parser=get_parser(config.parser, tokenizer), sampling=config.sampling, limits=config.limits,
-                       system_prompt=config.system_prompt)
+    policy = build_policy(config)
+    return make_engine(config.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                       parser=get_parser(config.parser, policy.tokenizer), sampling=config.sampling,
+                       limits=config.limits, system_prompt=config.system_prompt)
 
 
 def collect(

@@ -1,0 +1,308 @@
+"""The Python API: collect, evaluate, sft, rl and evolve, each a function over built objects.
+
+The ``trajlab`` command line is a thin layer over these functions, and ``trajlab run`` wires them stage by stage.
+They take what a user has in hand: an env (an :class:`~trajlab.env.registry.EnvSpec`, an env class, a registered
+name, or several names for a mixture), tasks as a list of dicts, a policy (``"oracle"``, a model directory, a
+server URL, a loaded model, or any :class:`~trajlab.inference.base.Generator`), and settings as keyword arguments.
+Keyword settings are the fields of the config section of the same stage (``trajlab config show`` lists them all)
+and are validated by it, so a default, a YAML key and a keyword argument are one setting::
+
+    import trajlab
+
+    report = trajlab.evaluate("arithmetic", "oracle", num_tasks=8)
+    trajectories = trajlab.recipes.collect("arithmetic", "oracle", episodes=8, rollout={"max_turns": 4})
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from trajlab.config import (
+    CollectSettings,
+    DatasetSettings,
+    EvalSettings,
+    EvolveSettings,
+    RLSettings,
+    RolloutSettings,
+    SFTSettings,
+)
+from trajlab.env.mixture import EnvMixture, load_envs
+from trajlab.env.registry import EnvSpec
+from trajlab.errors import UserError
+from trajlab.evaluate import EvalReport
+from trajlab.inference.policy import Policy, PolicyLike
+from trajlab.rollout.types import Trajectory
+
+EnvLike = EnvSpec | EnvMixture | type | str | Sequence[str]
+"""An EnvSpec or mixture, an env class, a registered name or import path, or several names (a mixture)."""
+Progress = Callable[[int, int], None]
+"""``on_progress(done, total)``, called as episodes finish."""
+
+S = TypeVar("S", bound=BaseModel)
+
+
+def collect(
+    env: EnvLike,
+    policy: PolicyLike | Policy,
+    *,
+    out: str | Path | None = None,
+    tasks: Sequence[Mapping[str, Any]] | None = None,
+    tokenizer: Any = None,
+    seed: int = 0,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    on_progress: Progress | None = None,
+    **settings: Any,
+) -> list[Trajectory]:
+    """Roll ``policy`` out on ``env`` and return the trajectories.
+
+    Args:
+        env: see :data:`EnvLike`.
+        policy: see :func:`trajlab.inference.policy.load_policy`.
+        out: a trajectory file to append to; an existing one is resumed (only missing episodes run). None: the
+            trajectories are only returned.
+        tasks: task dicts to roll out instead of the env's own split (``episodes`` cycles through them).
+        tokenizer: the trajectories' tokenizer, for the oracle (default: the tiny model's), a server, a loaded
+            model or a Generator.
+        seed: task order seed.
+        rollout: rollout settings (limits, concurrency, parser, prompts); see ``RolloutSettings``.
+        on_progress: called as episodes finish.
+        **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``.
+    """
+    from trajlab.recipes.collect import collect as run_collection
+    from trajlab.recipes.collect import collected
+
+    chosen = _settings(CollectSettings, settings)
+    with _output(out, "trajectories.jsonl") as path:
+        config = _collect_config(env, policy, path, tokenizer=tokenizer, tasks=tasks, seed=seed,
+                                 rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
+                                 split=chosen.split, samples_per_task=chosen.samples_per_task,
+                                 temperature=chosen.temperature)
+        run_collection(config, on_progress=on_progress)
+        return collected(config)
+
+
+def evaluate(
+    env: EnvLike,
+    policy: PolicyLike | Policy,
+    *,
+    out: str | Path | None = None,
+    tasks: Sequence[Mapping[str, Any]] | None = None,
+    tokenizer: Any = None,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    rewards: Mapping[str, float] | None = None,
+    label: str | None = None,
+    on_progress: Progress | None = None,
+    **settings: Any,
+) -> EvalReport:
+    """Evaluate ``policy`` on held-out tasks: success rate, pass@k, mean reward and turns, error rates, per task.
+
+    Args:
+        out: a run directory for ``trajectories.jsonl`` and ``eval.json`` (resumed if it exists); None: nothing
+            is written.
+        tasks: task dicts to evaluate on instead of the env's split (all of them unless ``num_tasks`` is given).
+        rewards: reward-component weights to report (``reward/<name>``); None: the env reward only.
+        label: the run's name in tables (default: the policy's).
+        **settings: ``EvalSettings`` fields: ``num_tasks``, ``samples_per_task``, ``ks``, ``temperature``,
+            ``split``, ``seed``.
+        Other arguments: as for :func:`collect`.
+    """
+    from trajlab.evaluate import evaluate_trajectories, save_report
+    from trajlab.recipes.collect import collect as run_collection
+    from trajlab.recipes.collect import collected
+    from trajlab.rollout.rewards import score
+
+    if tasks is not None and "num_tasks" not in settings:
+        settings = {**settings, "num_tasks": max(len(tasks), 1)}
+    chosen = _settings(EvalSettings, settings)
+    with _output(out, "") as run_dir:
+        config = _collect_config(env, policy, run_dir / "trajectories.jsonl", tokenizer=tokenizer, tasks=tasks,
+                                 seed=chosen.seed, rollout=_settings(RolloutSettings, rollout or {}),
+                                 episodes=chosen.num_tasks * chosen.samples_per_task, split=chosen.split,
+                                 samples_per_task=chosen.samples_per_task, temperature=chosen.temperature)
+        summary = run_collection(config, on_progress=on_progress)
+        trajectories = collected(config)
+        if rewards is not None:
+            for trajectory in trajectories:  # every reward component logged alongside success
+                score(trajectory, dict(rewards))
+        report = evaluate_trajectories(trajectories, ks=chosen.pass_at(), label=label or _label(policy),
+                                       tokens_per_s=summary["tokens_per_s"] or None)
+        if out is not None:
+            save_report(report, run_dir / "eval.json")
+    return report
+
+
+def sft(
+    model: str | Path | Any,
+    data: Iterable[Trajectory] | Any,
+    out: str | Path,
+    *,
+    tokenizer: Any = None,
+    seed: int = 0,
+    resume: bool = False,
+    dataset: DatasetSettings | Mapping[str, Any] | None = None,
+    **settings: Any,
+) -> Path:
+    """Fine-tune ``model`` on trajectories (the model's own tokens only); returns ``out/final``.
+
+    Args:
+        model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        data: trajectories (successes are kept unless ``dataset={"include_failures": True}``), or a Hugging Face
+            dataset from :func:`trajlab.data.datasets.sft_dataset`.
+        out: checkpoints, then ``out/final`` (LoRA merged).
+        dataset: ``DatasetSettings`` applied when ``data`` is trajectories.
+        **settings: ``SFTSettings`` fields (``epochs``, ``max_steps``, ``learning_rate``, ``lora``...).
+    """
+    import datasets
+
+    from trajlab.data.datasets import sft_dataset
+    from trajlab.train.sft import run_sft
+
+    chosen = _settings(SFTSettings, settings)
+    if not isinstance(data, datasets.Dataset):
+        shaping = _settings(DatasetSettings, dataset or {})
+        data = sft_dataset(list(data), include_failures=shaping.include_failures,
+                           shortest_per_task=shaping.shortest_per_task, max_tokens=shaping.max_tokens)
+    return run_sft(model, _load_tokenizer(model, tokenizer), data, out, chosen, seed=seed, resume=resume)
+
+
+def rl(
+    model: str | Path | Any,
+    env: EnvLike,
+    out: str | Path,
+    *,
+    tokenizer: Any = None,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+    **settings: Any,
+) -> Path:
+    """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
+
+    Args:
+        model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
+        **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
+    """
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.train.rl import run_rl
+
+    chosen = _settings(RLSettings, settings)
+    loaded = _load_tokenizer(model, tokenizer)
+    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen,
+                  _settings(RolloutSettings, rollout or {}), out, seed=seed, resume=resume, on_step=on_step)
+
+
+def evolve(
+    env: EnvLike,
+    policy: PolicyLike | Policy,
+    out: str | Path,
+    *,
+    tokenizer: Any = None,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Evolve the system prompt (and chosen tool descriptions) of ``policy`` on ``env`` with GEPA.
+
+    Writes ``out/gepa/`` (state and rollouts: calling again resumes) and ``out/result/`` (``best_candidate.json``,
+    which ``rollout={"prompt_file": ...}`` rolls out with); returns the summary.
+
+    Args:
+        **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
+    """
+    from trajlab.evolve.run import evolve as run_evolution
+    from trajlab.evolve.run import rollouts_path
+
+    chosen = _settings(EvolveSettings, settings)
+    config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,
+                             rollout=_settings(RolloutSettings, rollout or {}), episodes=1, split="train",
+                             samples_per_task=1, temperature=chosen.temperature)
+    return run_evolution(config, chosen, out, seed=seed, log=log)
+
+
+def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
+                    tasks: Sequence[Mapping[str, Any]] | None, seed: int, rollout: RolloutSettings, episodes: int,
+                    split: str, samples_per_task: int, temperature: float) -> Any:
+    from trajlab.inference.base import SamplingParams
+    from trajlab.recipes.collect import CollectConfig
+
+    spec, system_prompt = rollout.prompted(_env(env))
+    return CollectConfig(
+        env=spec, policy=policy, episodes=episodes, out=out, split=split, seed=seed,
+        samples_per_task=samples_per_task, tasks=[dict(task) for task in tasks] if tasks is not None else None,
+        tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
+        sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
+    )
+
+
+def _env(env: EnvLike) -> EnvSpec | EnvMixture:
+    if isinstance(env, EnvSpec | EnvMixture):
+        return env
+    if isinstance(env, type):
+        return EnvSpec(name=env.__name__, env_cls=env)
+    if isinstance(env, str):
+        return load_envs(env)
+    return load_envs(list(env))
+
+
+def _settings(model: type[S], given: S | Mapping[str, Any]) -> S:
+    """``given`` validated as ``model`` (a built one is taken as it is); a bad or unknown key is a UserError."""
+    if isinstance(given, model):
+        return given
+    try:
+        return model.model_validate(dict(given))
+    except ValidationError as exc:
+        from trajlab.config import describe_errors
+
+        raise UserError(f"invalid {model.__name__}:\n{describe_errors(exc, model)}") from exc
+
+
+def _load_tokenizer(model: Any, tokenizer: Any) -> Any:
+    from transformers import PreTrainedTokenizerBase
+
+    from trajlab.models import load_tokenizer
+
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
+        return tokenizer
+    if tokenizer is None and not isinstance(model, str | Path):
+        raise UserError("a loaded model needs tokenizer=: its tokenizer or the directory holding it.")
+    return load_tokenizer(tokenizer or model)
+
+
+def _label(policy: Any) -> str:
+    """A policy's name in tables: oracle, a model directory's name, or a server's model (else its URL)."""
+    from trajlab.inference.base import is_server_url
+
+    if isinstance(policy, Policy):
+        return policy.generator.name
+    if not isinstance(policy, str | Path):
+        return getattr(policy, "name", None) or type(policy).__name__
+    if str(policy) == "oracle":
+        return "oracle"
+    if is_server_url(str(policy)):
+        return str(policy).partition("#")[2] or str(policy)
+    return Path(policy).name
+
+
+class _output:
+    """``out`` as a path, or a temporary directory removed afterwards when there is none."""
+
+    def __init__(self, out: str | Path | None, name: str) -> None:
+        self.out, self.name, self.tmp = out, name, None
+
+    def __enter__(self) -> Path:
+        if self.out is not None:
+            return Path(self.out)
+        self.tmp = tempfile.TemporaryDirectory(prefix="trajlab-")
+        return Path(self.tmp.name) / self.name
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()

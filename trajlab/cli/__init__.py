@@ -1,0 +1,29 @@
+"""The ``trajlab`` command line: a thin typer layer over the Python API (:mod:`trajlab.api`) and the recipes.
+
+Each command module holds one group of jobs; this module only assembles the app. A user's mistake is one line on
+the console and exit code 1; a wrong combination of options is a usage error, exit code 2.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from trajlab.cli import rollouts, serving, setup, training
+from trajlab.cli.common import ErrorsAsMessages
+
+app = typer.Typer(help="Post-train LLMs to use tools across many turns.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, cls=ErrorsAsMessages)
+app.command()(setup.envs)
+app.add_typer(setup.model_app, name="model")
+app.add_typer(setup.config_app, name="config")
+app.command()(rollouts.collect)
+app.add_typer(rollouts.eval_app, name="eval")
+app.command()(training.dataset)
+app.command()(training.sft)
+app.command()(training.rl)
+app.command()(training.evolve)
+app.command()(training.run)
+app.command()(serving.serve)
+app.add_typer(serving.traces_app, name="traces")
+
+__all__ = ["app"]

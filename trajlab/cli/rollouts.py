@@ -1,0 +1,194 @@
+"""``trajlab collect`` and ``trajlab eval``: roll a policy out on an env, keep the trajectories, score them."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
+
+EnvOption = Annotated[str | None, typer.Option(
+    help="Registered env name or import path 'my_pkg.envs:MyEnv'; several comma-separated names mix envs (tasks "
+         "carry an 'env' column). Default: the config's env.")]
+POLICY_HELP = ("'oracle' (the env's reference policy), a model directory, or an OpenAI-compatible server's URL "
+               "http://host:port/v1\\[#model] (needs --tokenizer).")
+PolicyOption = Annotated[str, typer.Option(help=POLICY_HELP)]
+TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")]
+Tokenizer = Annotated[str | None, typer.Option(
+    help="Tokenizer of the oracle policy (default: tiny), or, required, the served model's for a server --policy.")]
+Seed = Annotated[int | None, typer.Option(help="Task order seed.")]
+Parser = Annotated[str | None, setting("rollout.parser")]
+Concurrency = Annotated[int | None, setting("rollout.concurrency", min=1)]
+MaxTurns = Annotated[int | None, setting("rollout.max_turns")]
+MaxEpisodeTokens = Annotated[int | None, setting("rollout.max_episode_tokens")]
+MaxNewTokens = Annotated[int | None, setting("rollout.max_new_tokens")]
+ToolTimeout = Annotated[float | None, setting("rollout.tool_timeout_s", "--tool-timeout")]
+SystemPrompt = Annotated[str | None, setting("rollout.system_prompt")]
+PromptFile = Annotated[Path | None, setting("rollout.prompt_file")]
+
+
+def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
+             prompt_file) -> dict[str, Any]:
+    """The shared rollout options as config paths."""
+    return {"rollout.parser": parser, "rollout.concurrency": concurrency, "rollout.max_turns": max_turns,
+            "rollout.max_episode_tokens": max_episode_tokens, "rollout.max_new_tokens": max_new_tokens,
+            "rollout.tool_timeout_s": tool_timeout, "rollout.system_prompt": system_prompt,
+            "rollout.prompt_file": str(prompt_file) if prompt_file else None}
+
+
+@contextmanager
+def progress_bar(label: str):
+    """A progress bar fed by ``on_progress(done, total)``."""
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        bar = progress.add_task(label, total=None)
+        yield lambda done, total: progress.update(bar, completed=done, total=total)
+
+
+def _tasks(path: Path | None) -> list[dict] | None:
+    from trajlab.env.registry import read_tasks_file
+
+    return None if path is None else read_tasks_file(path)
+
+
+def collect(
+    policy: PolicyOption,
+    out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
+    env: EnvOption = None,
+    episodes: Annotated[int | None, setting("collect.episodes", min=1)] = None,
+    split: Annotated[str | None, setting("collect.split")] = None,
+    samples_per_task: Annotated[int | None, setting("collect.samples_per_task", min=1)] = None,
+    temperature: Annotated[float | None, setting("collect.temperature", min=0.0)] = None,
+    seed: Seed = None,
+    tasks: TasksFile = None,
+    tokenizer: Tokenizer = None,
+    parser: Parser = None,
+    concurrency: Concurrency = None,
+    max_turns: MaxTurns = None,
+    max_episode_tokens: MaxEpisodeTokens = None,
+    max_new_tokens: MaxNewTokens = None,
+    tool_timeout: ToolTimeout = None,
+    system_prompt: SystemPrompt = None,
+    prompt_file: PromptFile = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Roll out a policy on an env and append the trajectories to OUT, then print a summary."""
+    from trajlab import api
+    from trajlab.evaluation import evaluate_trajectories
+
+    settings = load(config, sets, {
+        "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
+        "collect.temperature": temperature, "seed": seed, **_rollout(parser, concurrency, max_turns,
+        max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+    already: list[int] = []  # the first progress report says how many episodes were on disk
+
+    with progress_bar("collect") as show:
+        def on_progress(done: int, total: int) -> None:
+            if not already:
+                already.append(done)
+            show(done, total)
+
+        trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=_tasks(tasks), tokenizer=tokenizer,
+                                   seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
+                                   **settings.collect.model_dump())
+    report = evaluate_trajectories(trajectories)
+    table = Table(title=f"{out}", show_header=False)
+    table.add_row("episodes", str(report.episodes))
+    if already and already[0]:
+        table.add_row("already on disk", str(already[0]))
+    table.add_row("success rate", f"{report.success_rate:.3f}")
+    table.add_row("mean reward", f"{report.mean_reward:.3f}")
+    table.add_row("mean turns", f"{report.mean_turns:.2f}")
+    table.add_row("tool-error rate", f"{report.tool_error_rate:.3f}")
+    table.add_row("parse-error rate", f"{report.parse_error_rate:.3f}")
+    table.add_row("statuses", ", ".join(f"{k} {v}" for k, v in report.statuses.items() if v))
+    console.print(table)
+
+
+eval_app = typer.Typer(
+    help="Evaluate a policy on held-out tasks (success rate, pass@k, per-task table), or compare two evaluations.",
+    invoke_without_command=True,
+    no_args_is_help=True,
+)
+
+
+@eval_app.callback()
+def eval_run(
+    ctx: typer.Context,
+    env: EnvOption = None,
+    policy: Annotated[str | None, typer.Option(help=POLICY_HELP)] = None,
+    out: Annotated[Path | None, typer.Option(help="Run dir for trajectories.jsonl + eval.json; resumed.")] = None,
+    num_tasks: Annotated[int | None, setting("eval.num_tasks", min=1)] = None,
+    samples_per_task: Annotated[int | None, setting("eval.samples_per_task", min=1)] = None,
+    k: Annotated[list[int] | None, setting("eval.ks", "--k", min=1)] = None,
+    split: Annotated[str | None, setting("eval.split")] = None,
+    seed: Annotated[int | None, setting("eval.seed")] = None,
+    temperature: Annotated[float | None, setting("eval.temperature", min=0.0)] = None,
+    label: Annotated[str | None, typer.Option(help="Run name in tables (default: the policy's name).")] = None,
+    tasks: TasksFile = None,
+    tokenizer: Tokenizer = None,
+    parser: Parser = None,
+    concurrency: Concurrency = None,
+    max_turns: MaxTurns = None,
+    max_episode_tokens: MaxEpisodeTokens = None,
+    max_new_tokens: MaxNewTokens = None,
+    tool_timeout: ToolTimeout = None,
+    system_prompt: SystemPrompt = None,
+    prompt_file: PromptFile = None,
+    max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Roll out POLICY on SPLIT with --samples-per-task episodes per task, write OUT/eval.json, print the tables.
+
+    `trajlab eval compare A.json B.json` compares two saved evaluations instead.
+    """
+    if ctx.invoked_subcommand is not None:
+        return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
+    from trajlab import api
+    from trajlab.evaluation import report_table
+
+    missing = [f"--{name}" for name, value in (("policy", policy), ("out", out)) if value is None]
+    if missing:
+        raise usage_error(f"trajlab eval needs {', '.join(missing)} (or: trajlab eval compare A.json B.json).")
+    task_rows = _tasks(tasks)
+    if task_rows is not None and num_tasks is None:
+        num_tasks = max(len(task_rows), 1)
+    settings = load(config, sets, {
+        "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
+        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, **_rollout(parser, concurrency,
+        max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+    with progress_bar("eval") as on_progress:
+        report = api.evaluate(settings.env_spec(), policy, out=out, tasks=task_rows, tokenizer=tokenizer,
+                              rollout=settings.rollout, label=label, on_progress=on_progress,
+                              **settings.eval.model_dump())
+    console.print(report_table(report, max_tasks=max_tasks))
+    console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")
+
+
+@eval_app.command("compare")
+def eval_compare(
+    a: Annotated[Path, typer.Argument(help="The baseline eval.json.")],
+    b: Annotated[Path, typer.Argument(help="The eval.json to compare with it (deltas are B - A).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON instead of a table.")] = False,
+    max_tasks: Annotated[int, typer.Option(min=0, help="Changed tasks to print (largest change first).")] = 20,
+) -> None:
+    """Compare two evaluations: every metric with its delta, and the tasks whose success changed."""
+    from trajlab.evaluation import compare_reports, comparison_table, load_report
+
+    report_a, report_b = load_report(a), load_report(b)
+    if report_a.label == report_b.label:  # two runs of one policy: name the columns by file instead
+        report_a = report_a.model_copy(update={"label": str(a)})
+        report_b = report_b.model_copy(update={"label": str(b)})
+    comparison = compare_reports(report_a, report_b)
+    if as_json:
+        typer.echo(json.dumps(comparison, indent=2))
+        return
+    console.print(comparison_table(comparison, max_tasks=max_tasks))

@@ -1,0 +1,85 @@
+"""``trajlab envs``, ``trajlab model init`` and ``trajlab config show``: what there is to run, and with what."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from trajlab.cli.common import Sets, console, load
+
+model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
+config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
+
+
+def envs(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+    docs: Annotated[Path | None, typer.Option(help="Write a Markdown page per env (tools from their schemas).")] = None,
+) -> None:
+    """List the registered environments, their tools and default episode limits."""
+    from trajlab.env.registry import load_env, registered_names
+    from trajlab.errors import MissingDependency
+
+    if docs is not None:
+        from trajlab.env.docs import write_env_docs
+
+        for page in write_env_docs(docs):
+            typer.echo(page)
+        return
+    rows = []
+    for name in registered_names():
+        try:
+            spec = load_env(name)
+        except MissingDependency as exc:  # listed all the same, with what to install
+            rows.append({"name": name, "unavailable": str(exc)})
+            continue
+        rows.append({"name": name, "description": spec.description, "tools": spec.tools,
+                     "limits": spec.limits.model_dump()})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("env", "description", "tools", "default limits")
+    for row in rows:
+        if "unavailable" in row:
+            table.add_row(row["name"], f"[yellow]unavailable:[/] {row['unavailable']}", "", "")
+            continue
+        tools = "\n".join(f"{t['function']['name']}({', '.join(t['function']['parameters'].get('properties', {}))})"
+                          for t in row["tools"])
+        limits = "\n".join(f"{key} {value:g}" for key, value in row["limits"].items())
+        table.add_row(row["name"], row["description"], tools, limits)
+    console.print(table)
+
+
+@model_app.command("init")
+def model_init(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer to.")],
+    seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing model directory.")] = False,
+) -> None:
+    """Build the tiny offline default model (Qwen3 architecture + byte-level BPE tokenizer) in seconds."""
+    from trajlab.models import init_tiny_model, load_model
+
+    started = time.perf_counter()
+    try:
+        path = init_tiny_model(out_dir, seed=seed, overwrite=overwrite)
+    except FileExistsError as exc:
+        raise ValueError(str(exc)) from exc
+    params = sum(p.numel() for p in load_model(path).parameters())
+    elapsed = time.perf_counter() - started
+    console.print(f"Wrote tiny model ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
+
+
+@config_app.command("show")
+def config_show(
+    config: Annotated[Path | None, typer.Argument(help="A run config (YAML); none: the defaults.")] = None,
+    sets: Sets = None,
+) -> None:
+    """Print the effective configuration, every default included, as YAML that `trajlab run` accepts back."""
+    import yaml
+
+    settings = load(config, sets, {})
+    typer.echo(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), nl=False)

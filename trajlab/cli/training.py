@@ -1,0 +1,196 @@
+"""``trajlab dataset``, ``sft``, ``rl``, ``evolve`` and ``run``: from trajectories to a trained model or prompt."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+from rich.text import Text
+
+from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
+from trajlab.cli.rollouts import POLICY_HELP, Tokenizer
+
+ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
+                                               "model.path).")]
+Resume = Annotated[bool, typer.Option(help="Continue from the newest checkpoint in OUT.")]
+TrainSeed = Annotated[int | None, setting("seed")]
+
+
+def dataset(
+    kind: Annotated[Literal["sft", "rl", "preference"], typer.Option(
+        help="sft: demonstrations; rl: the distinct tasks to roll out; preference: (success, failure) pairs for DPO.")],
+    sources: Annotated[list[Path], typer.Option("--from", help="Trajectory file (JSONL); repeat to combine files.")],
+    out: Annotated[Path, typer.Option(help="Output: FILE.jsonl, FILE.parquet, or a directory (save_to_disk).")],
+    format: Annotated[Literal["disk", "jsonl", "parquet"] | None, typer.Option(
+        "--format", help="Output format (default: from OUT's suffix).")] = None,
+    include_failures: Annotated[bool, setting("dataset.include_failures")] = False,
+    shortest_per_task: Annotated[bool, setting("dataset.shortest_per_task")] = False,
+    max_tokens: Annotated[int | None, setting("dataset.max_tokens", min=1)] = None,
+) -> None:
+    """Turn trajectory files into a Hugging Face dataset for SFT, RL or preference training."""
+    from trajlab.data.datasets import preference_dataset, rl_dataset, save_dataset, sft_dataset
+    from trajlab.data.store import read_trajectories
+
+    if kind != "sft" and (include_failures or shortest_per_task or max_tokens is not None):
+        raise usage_error("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
+    trajectories = [t for source in sources for t in read_trajectories(source)]
+    if kind == "sft":
+        built = sft_dataset(trajectories, include_failures=include_failures, shortest_per_task=shortest_per_task,
+                            max_tokens=max_tokens)
+    else:
+        built = rl_dataset(trajectories) if kind == "rl" else preference_dataset(trajectories)
+    path = save_dataset(built, out, format)
+    console.print(f"Wrote {len(built)} {kind} rows from {len(trajectories)} trajectories to {path}")
+    if kind == "preference" and len(built) == 0:
+        console.print("[yellow]No task has both a success and a failure with the same prompt: nothing to pair.[/]")
+
+
+def _model_dir(model: Path | None, configured: str | None) -> Path:
+    if model is None and configured is None:
+        raise usage_error("give --model DIR (or model.path in the config).")
+    path = Path(model or configured)
+    if not path.is_dir():
+        raise FileNotFoundError(2, "no such model directory (give a Hugging Face model directory, e.g. one made by "
+                                "`trajlab model init`)", str(path))
+    return path
+
+
+def sft(
+    out: Annotated[Path, typer.Option(help="Output directory: checkpoints, then out/final.")],
+    model: ModelDir = None,
+    sources: Annotated[list[Path] | None, typer.Option("--from", help="Trajectory file(s); successes are used.")] = (
+        None),
+    data: Annotated[Path | None, typer.Option(help="A dataset written by `trajlab dataset --kind sft`.")] = None,
+    epochs: Annotated[float | None, setting("sft.epochs")] = None,
+    max_steps: Annotated[int | None, setting("sft.max_steps")] = None,
+    learning_rate: Annotated[float | None, setting("sft.learning_rate")] = None,
+    batch_size: Annotated[int | None, setting("sft.batch_size")] = None,
+    lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
+                                               "(the config's sft.lora.r).")] = None,
+    resume: Resume = False,
+    seed: TrainSeed = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Supervised fine-tuning on trajectories, with loss on the model's own tokens only."""
+    from trajlab import api
+    from trajlab.data.datasets import load_saved_dataset
+    from trajlab.data.store import read_trajectories
+
+    if (sources is None) == (data is None):
+        raise usage_error("give exactly one of --from TRAJECTORIES.jsonl or --data DATASET.")
+    settings = load(config, sets, {"sft.epochs": epochs, "sft.max_steps": max_steps, "sft.learning_rate": learning_rate,
+                                   "sft.batch_size": batch_size, "sft.lora": {"r": lora_r} if lora_r else None,
+                                   "seed": seed})
+    path = _model_dir(model, settings.model.path)
+    built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
+    final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
+                    **settings.sft.model_dump())
+    console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
+
+
+def rl(
+    out: Annotated[Path, typer.Option(help="Output directory: metrics.jsonl, checkpoint, final.")],
+    model: ModelDir = None,
+    env: Annotated[str | None, typer.Option(help="Registered env name or import path; comma-separated names mix "
+                                            "envs. Default: the config's env.")] = None,
+    steps: Annotated[int | None, setting("rl.steps")] = None,
+    estimator: Annotated[str | None, setting("rl.estimator")] = None,
+    credit: Annotated[str | None, setting("rl.credit")] = None,
+    group_size: Annotated[int | None, setting("rl.group_size")] = None,
+    tasks_per_step: Annotated[int | None, setting("rl.tasks_per_step")] = None,
+    learning_rate: Annotated[float | None, setting("rl.learning_rate")] = None,
+    kl_coef: Annotated[float | None, setting("rl.kl_coef")] = None,
+    lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
+                                               "(the config's rl.lora.r).")] = None,
+    resume: Resume = False,
+    seed: TrainSeed = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+) -> None:
+    """Online multi-turn RL (GRPO, Dr.GRPO, RLOO; trajectory- or turn-level credit) with trajlab rollouts."""
+    from trajlab import api
+
+    settings = load(config, sets, {
+        "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
+        "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
+        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed})
+    path = _model_dir(model, settings.model.path)
+
+    def show(record: dict) -> None:
+        console.print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+
+    final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
+                   on_step=show, **settings.rl.model_dump())
+    console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
+
+
+def evolve(
+    config: ConfigFile = None,
+    env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")] = None,
+    policy: Annotated[str | None, typer.Option(help=POLICY_HELP + " Default: the config's model (model.path, else "
+                                               "the tiny model).")] = None,
+    reflection: Annotated[str | None, setting("evolve.reflection")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run dir: gepa/ (state and rollouts; re-running resumes) and "
+                                             "result/. Default: RUN_DIR/evolve.")] = None,
+    max_metric_calls: Annotated[int | None, setting("evolve.max_metric_calls", min=1)] = None,
+    train_tasks: Annotated[int | None, setting("evolve.train_tasks", min=1)] = None,
+    val_tasks: Annotated[int | None, setting("evolve.val_tasks", min=1)] = None,
+    minibatch_size: Annotated[int | None, setting("evolve.minibatch_size", min=1)] = None,
+    tool: Annotated[list[str] | None, setting("evolve.tools", "--tool")] = None,
+    use_merge: Annotated[bool | None, setting("evolve.use_merge")] = None,
+    seed_prompt: Annotated[str | None, setting("rollout.system_prompt", "--seed-prompt")] = None,
+    prompt_file: Annotated[Path | None, setting("rollout.prompt_file")] = None,
+    tokenizer: Tokenizer = None,
+    seed: Annotated[int | None, setting("seed")] = None,
+    sets: Sets = None,
+) -> None:
+    """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
+    from trajlab import api
+    from trajlab.recipes.pipeline import resolve_model
+
+    settings = load(config, sets, {
+        "env": env, "evolve.reflection": reflection, "evolve.max_metric_calls": max_metric_calls,
+        "evolve.train_tasks": train_tasks, "evolve.val_tasks": val_tasks, "evolve.minibatch_size": minibatch_size,
+        "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
+        "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
+        "seed": seed})
+    if not isinstance(settings.env, str) or "," in settings.env:
+        raise usage_error("trajlab evolve runs one env; pass a single --env.")
+    out = out or Path(settings.run_dir) / "evolve"
+    summary = api.evolve(settings.env_spec(), policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
+                         rollout=settings.rollout, seed=settings.seed, log=_gepa_line, **settings.evolve.model_dump())
+    console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
+                  f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
+                  f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
+                  f"(best, #{summary['best_index']}). Wrote {out / 'result'}")
+
+
+def _gepa_line(message: str) -> None:
+    """A GEPA log line on the console, cut to one screen line (whole texts are in gepa.log)."""
+    line = message.strip().splitlines()[0] if message.strip() else ""
+    cut = line if len(line) <= 160 and "\n" not in message.strip() else line[:160] + " [...]"
+    console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", cut), highlight=False)
+
+
+def run(
+    config: Annotated[Path, typer.Argument(help="Pipeline YAML (see configs/quickstart.yaml).")],
+    run_dir: Annotated[str | None, setting("run_dir")] = None,
+    seed: Annotated[int | None, setting("seed")] = None,
+    sets: Sets = None,
+) -> None:
+    """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
+    from trajlab.evaluation import results_table
+    from trajlab.recipes.pipeline import run_pipeline
+
+    settings = load(config, sets, {"run_dir": run_dir, "seed": seed})
+    started = time.perf_counter()
+    reports = run_pipeline(settings, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
+    metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")
+    metrics += tuple(f"reward/{name}" for name in ("progress",) if any(name in r.reward_components for r in reports))
+    env_label = settings.env if isinstance(settings.env, str) else ",".join(settings.env or [])
+    table = results_table(reports, metrics=metrics, title=f"{env_label}: held-out {settings.eval.split} tasks")
+    console.print(table)
+    console.print(f"Run saved in {settings.run_dir} ({time.perf_counter() - started:.0f}s)")

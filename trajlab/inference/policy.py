@@ -1,0 +1,104 @@
+"""A policy from what the user has: ``oracle``, a model directory, a server URL, a loaded model, or a Generator.
+
+Every stage rolls out a :class:`Policy`: the generator plus the tokenizer and prefix-preserving chat template the
+trajectories are written in. The command line passes strings; the Python API passes built objects too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trajlab.chat.template import resolve_chat_template
+from trajlab.errors import UserError
+from trajlab.inference.base import Generator, is_server_url
+
+PolicyLike = str | Path | Generator | PreTrainedModel
+"""``"oracle"`` (the env's reference policy), a model directory, ``http://host:port/v1[#model]``, a loaded
+transformers model, or any :class:`~trajlab.inference.base.Generator`."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A generator and the tokenizer and chat template its trajectories are written in."""
+
+    generator: Generator
+    tokenizer: PreTrainedTokenizerBase
+    chat_template: str
+
+
+def load_policy(
+    policy: PolicyLike | Policy,
+    *,
+    tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
+    oracle: Any = None,
+) -> Policy:
+    """Build the policy a user named.
+
+    Args:
+        policy: see :data:`PolicyLike`; a :class:`Policy` is returned as it is.
+        tokenizer: the tokenizer (or its directory) trajectories are written in: optional for the oracle (default:
+            the tiny offline model's), required for a server, a loaded model or a Generator.
+        oracle: the env's reference policy, for ``"oracle"``.
+
+    Raises:
+        UserError: what is missing or wrong, and how to fix it.
+    """
+    from trajlab.inference.hf import HFGenerator
+    from trajlab.models import load_model
+
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str | Path):
+        spec = str(policy)
+        if spec == "oracle":
+            return _oracle_policy(oracle, tokenizer)
+        if is_server_url(spec):
+            return _server_policy(spec, tokenizer)
+        if not Path(spec).is_dir():
+            raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
+                            f"(http://host:port/v1[#model]); {spec!r} is none of these.")
+        loaded = _tokenizer(tokenizer or spec)
+        return Policy(HFGenerator(load_model(spec), loaded, name=spec), loaded, resolve_chat_template(loaded))
+    if tokenizer is None:
+        raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
+                        "prompts are rendered and tool calls read in.")
+    loaded = _tokenizer(tokenizer)
+    if isinstance(policy, PreTrainedModel):
+        generator: Generator = HFGenerator(policy, loaded, name=str(policy.name_or_path or "model"))
+    else:
+        generator = policy
+    return Policy(generator, loaded, resolve_chat_template(loaded))
+
+
+def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    from trajlab.models import load_tokenizer
+
+    return tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else load_tokenizer(tokenizer)
+
+
+def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
+    from trajlab.inference.scripted import ScriptedGenerator
+    from trajlab.models import ensure_default_model
+
+    if oracle is None:
+        raise UserError("this env has no reference policy ('oracle'): pass a model directory or a server URL.")
+    loaded = _tokenizer(tokenizer or ensure_default_model())
+    template = resolve_chat_template(loaded)
+    return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle"), loaded, template)
+
+
+def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
+    """An OpenAI-compatible server, read with the local tokenizer of the model it serves."""
+    from trajlab.inference.openai_server import OpenAIGenerator, served_model, split_policy_url
+
+    if tokenizer is None:
+        raise UserError(f"policy {url} is a server: pass the served model's directory as its tokenizer "
+                        "(--tokenizer): prompts are rendered and tool calls read locally, in its tokens.")
+    base_url, model = split_policy_url(url)
+    model = served_model(base_url, model)
+    loaded = _tokenizer(tokenizer)
+    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, resolve_chat_template(loaded))
