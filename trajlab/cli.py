@@ -423,7 +423,7 @@ def run(
     ] = None,
 ):
     """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
-    from trajlab.evaluate import results_table
+    from trajlab.evaluation import results_table
     from trajlab.pipeline import run_pipeline
 
     overrides = _overrides(settings)
@@ -484,7 +484,7 @@ def eval_run(
         return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
     from trajlab.collect import collected
     from trajlab.env.registry import read_tasks_file
-    from trajlab.evaluate import evaluate_trajectories, report_table, save_report
+    from trajlab.evaluation import evaluate_trajectories, report_table, save_report
 
     missing = [f"--{name}" for name, value in (("env", env), ("policy", policy), ("out", out)) if value is None]
     if missing:
@@ -524,7 +524,7 @@ def eval_compare(
     max_tasks: Annotated[int, typer.Option(min=0, help="Changed tasks to print (largest change first).")] = 20,
 ):
     """Compare two evaluations: every metric with its delta, and the tasks whose success changed."""
-    from trajlab.evaluate import compare_reports, comparison_table, load_report
+    from trajlab.evaluation import compare_reports, comparison_table, load_report
 
     try:
         report_a, report_b = load_report(a), load_report(b)

@@ -21,7 +21,7 @@ from trajlab.chat.template import resolve_chat_template
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec, read_tasks_file
-from trajlab.evaluate import evaluate_trajectories
+from trajlab.evaluation import evaluate_trajectories
 from trajlab.evolve.candidate import prompt_tag
 from trajlab.inference.base import Generator, SamplingParams, is_server_url
 from trajlab.inference.hf import HFGenerator

@@ -22,7 +22,7 @@ from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.env.mixture import load_envs
-from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
+from trajlab.evaluation import EvalReport, evaluate_trajectories, save_report
 from trajlab.inference.base import SamplingParams
 from trajlab.models import init_tiny_model, load_tokenizer
 from trajlab.rollout.rewards import score
