@@ -11,7 +11,7 @@ from trajlab.recipes.collect import CollectConfig, collect, collected
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec, load_env
-from trajlab.evaluate import evaluate_trajectories
+from trajlab.evaluation import evaluate_trajectories
 from trajlab.models import load_tokenizer
 from trajlab.train.rl import run_rl
 

@@ -20,7 +20,7 @@ from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
-from trajlab.evaluate import evaluate_trajectories
+from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import Policy, PolicyLike, load_policy
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine

@@ -21,7 +21,7 @@ from trajlab import api
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
-from trajlab.evaluate import EvalReport
+from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model
 
 Log = Callable[[str], None]
