@@ -1,0 +1,33 @@
+"""What the sandbox tests share: fast limits, this machine's protections, and ways to look for leftover processes."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from trajlab.sandbox import SandboxLimits, probe_protections
+
+PROTECTIONS = probe_protections()
+FAST = SandboxLimits(cpu_seconds=2, memory_bytes=512 << 20, file_size_bytes=1 << 20, max_processes=32,
+                     wall_timeout_s=5.0, max_output_bytes=4096)
+needs_private_uid = pytest.mark.skipif(not PROTECTIONS.private_uid, reason="sandboxes share the host's uid here")
+
+
+def running(marker: str) -> str:
+    """Processes whose command line holds ``marker``."""
+    return subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+
+
+def leftovers(marker: str) -> str:
+    """Processes whose command line holds ``marker``, waiting a little for killed ones to be reaped."""
+    deadline = time.monotonic() + 2.0
+    while (found := running(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def escape_command(marker: str) -> str:
+    """Start a sleeper that leaves the command's process group (and its pipes), then give it time to do so."""
+    return f"setsid sleep {marker} > /dev/null 2>&1 < /dev/null & sleep 0.2"

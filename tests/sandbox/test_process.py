@@ -1,0 +1,41 @@
+"""Running one command to its end: stdin, capped output, wall timeout, exits that leave children or close pipes."""
+
+from __future__ import annotations
+
+from tests.sandbox.helpers import FAST
+from trajlab.sandbox import Sandbox, SandboxLimits
+
+
+def test_runs_argument_lists_with_stdin(sandbox: Sandbox) -> None:
+    result = sandbox.run(["sort", "-r"], stdin="a\nc\nb\n")
+    assert (result.exit_code, result.stdout) == (0, "c\nb\na\n")
+
+
+def test_infinite_output_is_truncated_and_flagged(sandbox: Sandbox) -> None:
+    result = sandbox.run("yes; echo unreachable >&2")
+    assert len(result.stdout) == FAST.max_output_bytes and result.stdout_truncated
+    assert not result.stderr_truncated and not result.timed_out
+    assert result.wall_s < 2
+
+
+def test_wall_timeout_kills_a_sleeper() -> None:
+    with Sandbox(SandboxLimits(wall_timeout_s=0.5)) as box:
+        result = box.run("sleep 100")
+    assert result.timed_out and result.signal == "SIGKILL"
+    assert result.wall_s < 2
+
+
+def test_closing_its_output_does_not_end_the_command_early(sandbox: Sandbox) -> None:
+    result = sandbox.run("exec > /dev/null 2>&1; sleep 0.3; touch finished")
+    assert result.exit_code == 0 and (sandbox.path / "finished").exists()
+
+
+def test_background_children_do_not_hold_the_call_open(sandbox: Sandbox) -> None:
+    result = sandbox.run("sleep 100 & echo done")
+    assert (result.stdout, result.timed_out) == ("done\n", False)
+    assert result.wall_s < 1
+
+
+def test_a_real_time_signal_is_named_by_number(sandbox: Sandbox) -> None:
+    result = sandbox.run("kill -40 $$")
+    assert result.exit_code == -40 and result.signal == "signal 40"

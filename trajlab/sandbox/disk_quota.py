@@ -1,0 +1,89 @@
+"""The disk quota (as root): a sandbox directory that is a size-capped tmpfs, also the command's /tmp.
+
+Why: a file size rlimit caps one file, not a loop of files. As root, the sandbox directory is a tmpfs of
+``disk_bytes``, and each command runs in its own mount namespace where that tmpfs stands in for /tmp, /var/tmp,
+/dev/shm and /run/lock: everything a command can write lives inside the cap, so it cannot fill the host's disk or
+memory, nor meet another sandbox's files in /tmp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SHELL
+
+#: Where sandboxes live when their directory is a tmpfs mount (as root): outside every directory a command's mount
+#: namespace replaces, so the sandbox keeps its path inside.
+MOUNT_BASE_DIR = "/run/trajlab-sandboxes"
+#: World-writable places a command could otherwise fill; with a disk quota each is the sandbox's own ``tmp``.
+#: /tmp goes last: binding it first would hide a sandbox that lives under /tmp from the later binds.
+_SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/tmp")
+# Run as root inside the command's new mount namespace: bind the sandbox's tmp over each shared writable directory
+# (one `mount` for all, from the sandbox's fstab: an exec per bind would halve throughput), then exec the rest of argv.
+_BIND_SCRIPT = 'mount --all --fstab "$1" || exit 125; shift; exec "$@"'
+
+
+def mount_base_dir() -> str:
+    """The directory under which tmpfs sandboxes are made, created on first use."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(MOUNT_BASE_DIR, 0o711)
+    return MOUNT_BASE_DIR
+
+
+def mount_tmpfs(path: str | Path, *, size: int) -> bool:
+    """Mount a root-owned tmpfs that others may traverse but not list; the sandbox owns the directories in it."""
+    options = f"size={size},mode=0711,uid=0,gid=0,nosuid,nodev"
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "trajlab-sandbox", str(path)],
+                          capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
+    return done.returncode == 0
+
+
+def lay_out(root: Path, uid: int) -> Path:
+    """Fill a freshly mounted tmpfs: the working directory, the command's private tmp and the fstab binding it.
+
+    Returns the working directory. Both directories are on the one tmpfs, so both count against the quota.
+    """
+    work, private_tmp = root / "work", root / "tmp"
+    for directory in (work, private_tmp):
+        directory.mkdir(mode=0o700)
+        os.chown(directory, uid, uid)
+    targets = [t for t in _SHARED_WRITABLE if os.path.isdir(t) and not root.is_relative_to(t)]
+    fstab_path(root).write_text(fstab(private_tmp, targets))
+    return work
+
+
+def fstab_path(root: Path) -> Path:
+    """Where a tmpfs sandbox keeps the fstab of its commands' binds: outside their working directory."""
+    return root / "fstab"
+
+
+def fstab(source: Path, targets: Sequence[str]) -> str:
+    """fstab lines binding ``source`` over each target (fstab escapes whitespace as octal)."""
+    def escape(path: str) -> str:
+        return path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011").replace("\n", "\\012")
+
+    return "".join(f"{escape(str(source))} {escape(target)} none bind 0 0\n" for target in targets)
+
+
+def mount_namespace_prefix(unshare: str, fstab_file: Path, *, network: bool) -> list[str]:
+    """argv that runs the rest in new mount (and network) namespaces, as root, with the fstab's binds in place."""
+    net = ["--net"] if network else []
+    return [unshare, "--mount", *net, "--", SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab_file)]
+
+
+def unmount(path: str | Path) -> None:
+    """Detach a sandbox's tmpfs; lazily, so that a process still holding it open cannot make cleanup fail."""
+    subprocess.run(["umount", "--lazy", str(path)], capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
+
+
+def remove_stale_mount(root: str) -> None:
+    """Unmount and delete the tmpfs sandbox a crashed process left behind (recorded in its uid's lease file)."""
+    path = Path(root)
+    if root and path.parent == Path(MOUNT_BASE_DIR) and path.name.startswith("trajlab-sandbox-") and path.is_dir():
+        unmount(path)
+        shutil.rmtree(path, ignore_errors=True)

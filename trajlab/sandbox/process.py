@@ -1,0 +1,187 @@
+"""One launched command, run to its end: stdin from a file, output read under a cap, exit and timeout detected.
+
+Why: an untrusted command may never read its input, write without end, close its output and keep running, or leave
+children behind that hold its pipes open. Each case must end the call within the wall timeout, with what the command
+printed, and kill what it left in its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import selectors
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+from trajlab.sandbox.limits import SandboxLimits
+
+_READ_CHUNK = 1 << 16
+_POLL_S = 0.05  # how often to check whether the command exited while its pipes stay open
+_EXIT_GRACE_S = 0.2  # how long to drain output after the command exited and its process group was killed
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    """What one command did. ``exit_code`` follows :mod:`subprocess`: ``-N`` when signal N killed the command."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    stdout_truncated: bool
+    stderr_truncated: bool
+    wall_s: float
+
+    @property
+    def signal(self) -> str | None:
+        """Name of the signal that killed the command (``SIGXCPU``: CPU limit, ``SIGXFSZ``: file size limit)."""
+        if self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:  # a real-time signal has no name
+            return f"signal {-self.exit_code}"
+
+
+def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str, str], limits: SandboxLimits,
+                kill_leftovers: Callable[[], None]) -> SandboxResult:
+    """Run ``argv`` in a new session and wait for it, within ``limits``' wall timeout and output cap.
+
+    The command ends when its first process exits: whatever it left running in its process group is killed, and
+    ``kill_leftovers`` is called when its output could not be read to the end.
+    """
+    started = time.monotonic()
+    with _stdin_source(stdin) as source:
+        process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                                   env=env, umask=0o077, start_new_session=True)
+    drained = False
+    try:
+        pumped = _pump(process, started + limits.wall_timeout_s, limits.max_output_bytes)
+        drained = pumped.drained
+    finally:
+        _kill_group(process.pid)
+        if not drained:  # something that left the process group may still hold the pipes
+            kill_leftovers()
+        process.wait()
+        for pipe in (process.stdout, process.stderr):
+            pipe.close()
+    return SandboxResult(
+        exit_code=process.returncode,
+        stdout=pumped.stdout.text(),
+        stderr=pumped.stderr.text(),
+        timed_out=pumped.timed_out,
+        stdout_truncated=pumped.stdout.truncated,
+        stderr_truncated=pumped.stderr.truncated,
+        wall_s=time.monotonic() - started,
+    )
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether ``pid`` exited, without reaping it: its process group id stays reserved until :meth:`Popen.wait`."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+@contextlib.contextmanager
+def _stdin_source(text: str | None) -> Iterator[IO[bytes] | int]:
+    """A file for the command's stdin: unlike a pipe, it cannot block the host when the command does not read it."""
+    if text is None:
+        yield subprocess.DEVNULL
+        return
+    with tempfile.TemporaryFile() as file:
+        file.write(text.encode())
+        file.seek(0)
+        yield file
+
+
+class _Capture:
+    """Output of one stream, keeping at most ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.truncated = False
+
+    def feed(self, chunk: bytes) -> bool:
+        """Keep what fits; False once the stream went over the limit."""
+        room = self.limit - len(self.data)
+        self.data += chunk[:room]
+        self.truncated = len(chunk) > room
+        return not self.truncated
+
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+@dataclasses.dataclass
+class _Pumped:
+    stdout: _Capture
+    stderr: _Capture
+    timed_out: bool = False
+    drained: bool = True  # every pipe reached end of file or was closed for going over the output cap
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux 5.3+), or None: then exits are polled."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _pump(process: subprocess.Popen[bytes], deadline: float, limit: int) -> _Pumped:
+    """Read the command's stdout and stderr until it exited and both pipes closed, or the deadline passes.
+
+    When the command exits, its process group is killed at once so that background children cannot hold the pipes
+    open; pipes still open after a short grace belong to a process that left the group. A stream going over the
+    output cap is closed: its writer then gets SIGPIPE/EPIPE, as with ``| head -c``.
+    """
+    pumped = _Pumped(_Capture(limit), _Capture(limit))
+    captures = {process.stdout: pumped.stdout, process.stderr: pumped.stderr}
+    pidfd = _pidfd(process.pid)
+    exited_at: float | None = None
+    with selectors.DefaultSelector() as selector, contextlib.ExitStack() as stack:
+        for pipe in captures:
+            selector.register(pipe, selectors.EVENT_READ)
+        if pidfd is not None:
+            stack.callback(os.close, pidfd)
+            selector.register(pidfd, selectors.EVENT_READ)
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                pumped.timed_out, pumped.drained = exited_at is None, False
+                return pumped
+            if exited_at is None and _has_exited(process.pid):
+                exited_at = now
+                _kill_group(process.pid)
+                if pidfd is not None:
+                    selector.unregister(pidfd)
+            if exited_at is not None and (not captures or now - exited_at >= _EXIT_GRACE_S):
+                pumped.drained = not captures
+                return pumped
+            if exited_at is not None:
+                timeout = exited_at + _EXIT_GRACE_S - now
+            else:
+                timeout = deadline - now if pidfd is not None else _POLL_S
+            for key, _ in selector.select(min(timeout, deadline - now)):
+                if key.fileobj in captures:
+                    _read_into(selector, key.fileobj, captures)
+
+
+def _read_into(selector: selectors.BaseSelector, pipe: IO[bytes], captures: dict[IO[bytes], _Capture]) -> None:
+    """Read what ``pipe`` has; on end of file or output over the cap, stop watching it and close it."""
+    chunk = os.read(pipe.fileno(), _READ_CHUNK)
+    if not chunk or not captures[pipe].feed(chunk):
+        selector.unregister(pipe)
+        pipe.close()
+        del captures[pipe]
