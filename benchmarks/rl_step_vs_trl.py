@@ -257,9 +257,9 @@ WORKERS = {"trajlab": run_trajlab, "trl": run_trl}
 
 def prepare_model(work_dir: Path, seed: int, sft_steps: int) -> Path:
     """The benchmark model: ``init_tiny_model(seed)``, then ``sft_steps`` of SFT on reference demos (cached)."""
-    from trajlab.recipes.collect import CollectConfig, collect
     from trajlab.data.store import read_trajectories
     from trajlab.models import init_tiny_model
+    from trajlab.recipes.collect import CollectConfig, collect
 
     base = work_dir / f"tiny-seed{seed}"
     if not (base / "config.json").exists():

@@ -27,7 +27,7 @@ def test_envs_json_lists_every_env_with_its_tools():
 def test_model_init_refuses_to_overwrite(tmp_path):
     assert invoke("model", "init", tmp_path / "m").exit_code == 0
     result = invoke("model", "init", tmp_path / "m")
-    assert result.exit_code == 2 and "overwrite" in result.stdout
+    assert result.exit_code == 1 and "overwrite" in result.stdout
 
 
 @pytest.mark.parametrize("env", ["arithmetic", "guess"])
@@ -68,7 +68,7 @@ def test_collect_with_the_untrained_model_records_failures_honestly(tmp_path, ti
 )
 def test_collect_bad_input_is_a_clear_error(args, message, tmp_path, tiny_model_dir):
     result = invoke("collect", *args, "--tokenizer", tiny_model_dir, "--episodes", 2, "--out", tmp_path / "x.jsonl")
-    assert result.exit_code == 2 and message in result.stdout
+    assert result.exit_code == 1 and message in result.stdout
 
 
 def test_evolve_writes_the_result_folder_and_resumes(tmp_path, tiny_model_dir):
@@ -86,14 +86,14 @@ def test_evolve_writes_the_result_folder_and_resumes(tmp_path, tiny_model_dir):
 
 
 def test_evolve_says_what_is_wrong(tmp_path, tiny_model_dir):
-    def error(*args):
+    def error(*args, code=1):  # 1: a mistake in what was given; 2: a wrong combination of options
         result = invoke("evolve", *args)
-        assert result.exit_code == 2
-        return " ".join(result.stdout.split())
+        assert result.exit_code == code
+        return " ".join((result.stdout + result.stderr).split())
 
     assert "'nowhere' is none of these" in error("--env", "arithmetic", "--policy", "nowhere", "--out", tmp_path)
     assert "give --env, or a --config" in error("--policy", tiny_model_dir)
-    assert "runs one env" in error("--env", "arithmetic,wordle", "--policy", tiny_model_dir)
+    assert "runs one env" in error("--env", "arithmetic,wordle", "--policy", tiny_model_dir, code=2)
     assert "evolve.max_metric_cals: unknown key (did you mean 'max_metric_calls'?)" in error(
         "--env", "arithmetic", "--set", "evolve.max_metric_cals=3")
     assert "The oracle cannot reflect" in error("--env", "arithmetic", "--policy", "oracle", "--out", tmp_path)

@@ -14,7 +14,7 @@ rollout: {{max_turns: 4, max_new_tokens: 32, concurrency: 16}}
 collect: {{episodes: 16}}
 sft: {{max_steps: 2, batch_size: 4, warmup_steps: 0}}
 rl: {{steps: 1, tasks_per_step: 2, group_size: 2, minibatch_size: 4, rewards: {{env: 1.0, progress: 1.0}}}}
-eval: {{tasks: 4}}
+eval: {{num_tasks: 4}}
 """
 
 
@@ -43,7 +43,7 @@ def test_run_refuses_a_misspelled_key(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG.format(run_dir=tmp_path / "run").replace("max_steps", "max_stepz"))
     result = CliRunner().invoke(app, ["run", str(config)])
-    assert result.exit_code == 2 and "sft.max_stepz: unknown key (did you mean 'max_steps'?)" in result.stdout
+    assert result.exit_code == 1 and "sft.max_stepz: unknown key (did you mean 'max_steps'?)" in result.stdout
 
 
 def test_an_evolve_stage_hands_its_prompt_to_the_stages_after_it(tmp_path):
@@ -53,7 +53,7 @@ env: arithmetic
 stages: [eval, evolve, eval]
 rollout: {{max_turns: 2, max_new_tokens: 16}}
 evolve: {{max_metric_calls: 6, train_tasks: 3, val_tasks: 2, reflection_max_new_tokens: 16, tools: [submit]}}
-eval: {{tasks: 3}}
+eval: {{num_tasks: 3}}
 """)
     runner = CliRunner()
     result = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
@@ -77,7 +77,7 @@ def test_rollout_prompt_file_is_what_every_stage_shows_the_model(tmp_path, tiny_
 env: arithmetic
 stages: [eval]
 rollout: {{max_turns: 1, max_new_tokens: 4, prompt_file: {prompts}}}
-eval: {{tasks: 2}}
+eval: {{num_tasks: 2}}
 """)
     result = CliRunner().invoke(app, ["run", str(config)], catch_exceptions=False)
     assert result.exit_code == 0, result.stdout

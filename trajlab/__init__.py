@@ -1,6 +1,22 @@
-"""trajlab: post-train LLMs to use tools across many turns."""
+"""trajlab: post-train LLMs to use tools across many turns.
+
+The Python API (``collect``, ``evaluate``, ``sft``, ``rl``, ``evolve``) is loaded on first use, so ``import trajlab``
+stays light; see :mod:`trajlab.api`.
+"""
+
+from typing import Any
 
 from trajlab.env import Environment, EnvSpec, load_env, register
 
-__all__ = ["Environment", "EnvSpec", "load_env", "register"]
+API = ("collect", "evaluate", "sft", "rl", "evolve")
+
+__all__ = ["Environment", "EnvSpec", "load_env", "register", *API]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from trajlab import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'trajlab' has no attribute {name!r}")

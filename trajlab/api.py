@@ -34,7 +34,7 @@ from trajlab.config import (
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
-from trajlab.evaluate import EvalReport
+from trajlab.evaluation import EvalReport
 from trajlab.inference.policy import Policy, PolicyLike
 from trajlab.rollout.types import Trajectory
 
@@ -111,7 +111,7 @@ def evaluate(
             ``split``, ``seed``.
         Other arguments: as for :func:`collect`.
     """
-    from trajlab.evaluate import evaluate_trajectories, save_report
+    from trajlab.evaluation import evaluate_trajectories, save_report
     from trajlab.recipes.collect import collect as run_collection
     from trajlab.recipes.collect import collected
     from trajlab.rollout.rewards import score
@@ -217,8 +217,8 @@ def evolve(
     Args:
         **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
     """
-    from trajlab.evolve.run import evolve as run_evolution
-    from trajlab.evolve.run import rollouts_path
+    from trajlab.evolution.run import evolve as run_evolution
+    from trajlab.evolution.run import rollouts_path
 
     chosen = _settings(EvolveSettings, settings)
     config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,

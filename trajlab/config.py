@@ -269,7 +269,7 @@ class PipelineConfig(Section):
             ConfigError: no env is configured.
         """
         if self.env is None:
-            raise ConfigError("no env given: pass --env NAME (or --set env=NAME), or put an `env:` line in the config.")
+            raise ConfigError("no env: give --env, or a --config naming one (or --set env=NAME).")
         return load_envs(self.env)
 
 

@@ -21,9 +21,8 @@ from trajlab.env.builtin.bfcl import (
     split_of_index,
 )
 from trajlab.env.builtin.bfcl_data import CATEGORIES, Call, entries, ground_truth_calls, held_out_functions, load_entry
-from trajlab.inference.base import SamplingParams
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT  # isort: skip (after trajlab sets BFCL_PROJECT_ROOT)
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # isort: skip
@@ -240,8 +239,7 @@ def run(tasks, tokenizer, template, max_turns=64):
     tool outputs in long_context, up to 34 calls in one message)."""
     engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tokenizer, template), tokenizer,
                            chat_template=template, parser=get_parser("auto", tokenizer),
-                           sampling=SamplingParams(max_new_tokens=4096),
-                           limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=200_000))
+                           limits=dict(max_turns=max_turns, max_episode_tokens=200_000, max_new_tokens=4096))
     return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=4))
 
 

@@ -7,12 +7,12 @@ from typer.testing import CliRunner
 
 from trajlab.chat.template import resolve_chat_template
 from trajlab.cli import app
-from trajlab.recipes.collect import CollectConfig, collect, collected
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec, load_env
 from trajlab.evaluation import evaluate_trajectories
 from trajlab.models import load_tokenizer
+from trajlab.recipes.collect import CollectConfig, collect, collected
 from trajlab.train.rl import run_rl
 
 runner = CliRunner()
@@ -84,14 +84,14 @@ def test_a_task_file_with_an_env_column_runs_mixed_and_bad_rows_are_named(tiny_m
     result = runner.invoke(app, ["collect", "--env", "wordle", "--policy", "oracle", "--tasks", str(tasks),
                                  "--episodes", "4", "--out", str(tmp_path / "x.jsonl"),
                                  "--tokenizer", str(tiny_model_dir)])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert "tasks.jsonl:2: the task is for env 'driving' but runs in 'wordle'" in said(result)
     assert "pass --env wordle,driving" in said(result)
     tasks.write_text(json.dumps({**rows[0], "env": "guess"}) + "\n")
     result = runner.invoke(app, ["collect", "--env", "wordle,driving", "--policy", "oracle", "--tasks", str(tasks),
                                  "--episodes", "1", "--out", str(tmp_path / "y.jsonl"),
                                  "--tokenizer", str(tiny_model_dir)])
-    assert result.exit_code == 2 and "tasks.jsonl:1: " in said(result) and "not in the mixture" in said(result)
+    assert result.exit_code == 1 and "tasks.jsonl:1: " in said(result) and "not in the mixture" in said(result)
 
 
 def test_rl_on_a_mixture_logs_each_envs_share_of_every_step(tiny_model_dir, tmp_path):

@@ -215,7 +215,7 @@ def test_unscored_trajectories_are_not_successes_and_bad_options_fail_clearly(hf
     result = CliRunner().invoke(app, ["traces", "export", "--out", str(tmp_path / "x.jsonl"), "--tokenizer",
                                       str(tiny_model_dir), "--record-dir", str(hf_server.records), "--session",
                                       "no-such-session"])
-    assert result.exit_code == 2 and "no recording" in result.output
+    assert result.exit_code == 1 and "no recording" in result.output
 
 
 def call(prompt, *completions, endpoint="/v1/chat/completions", status=200):

@@ -51,6 +51,6 @@ def test_trajlab_serve_answers_and_records(tiny_model_dir, tmp_path):
 def test_serve_refuses_a_missing_model_or_an_unknown_parser(tiny_model_dir, tmp_path):
     runner = CliRunner()
     missing = runner.invoke(app, ["serve", "--model", str(tmp_path / "nope")])
-    assert missing.exit_code == 2 and "does not exist" in " ".join(missing.stdout.split())
+    assert missing.exit_code == 1 and "does not exist" in " ".join(missing.stdout.split())
     parser = runner.invoke(app, ["serve", "--model", str(tiny_model_dir), "--parser", "hermess"])
-    assert parser.exit_code == 2 and "Did you mean 'hermes'" in " ".join(parser.stdout.split())
+    assert parser.exit_code == 1 and "Did you mean 'hermes'" in " ".join(parser.stdout.split())

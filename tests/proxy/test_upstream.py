@@ -89,6 +89,6 @@ def test_unreachable_upstream_gives_502_and_the_front_keeps_serving(tmp_path):
 
 def test_serve_refuses_upstream_with_model(tiny_model_dir):
     result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--upstream", "http://x/v1"])
-    assert result.exit_code == 2 and "--upstream" in " ".join(result.stdout.split())
+    assert result.exit_code == 2 and "--upstream" in " ".join(result.output.split())
     neither = CliRunner().invoke(app, ["serve"])
-    assert neither.exit_code == 2 and "exactly one" in " ".join(neither.stdout.split())
+    assert neither.exit_code == 1 and "exactly one" in " ".join(neither.stdout.split())

@@ -13,7 +13,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.env import Environment
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import GenerationRequest, GenerationResult
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 class ReplayText:
@@ -79,7 +79,7 @@ def call(name: str, args: str) -> str:
 
 def make_engine(tokenizer, template, texts, **limits):
     return RolloutEngine(SPEC, ReplayText(tokenizer, texts), tokenizer, chat_template=template,
-                         parser=get_parser("hermes"), limits=RolloutLimits(tool_timeout_s=0.2, **limits))
+                         parser=get_parser("hermes"), limits=dict(tool_timeout_s=0.2, **limits))
 
 
 def check_tokens(trajectory, tokenizer, template, add_generation_prompt=False):

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import Policy, PolicyLike, load_policy
-from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine
+from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
 from trajlab.rollout.types import Trajectory, task_id
 
 
@@ -44,7 +44,7 @@ class CollectConfig:
     parser: str = "auto"
     concurrency: int = 8
     sampling: SamplingParams = SamplingParams()
-    limits: RolloutLimits = RolloutLimits()
+    limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,21 +32,13 @@ EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model
 
 
 @dataclass(frozen=True)
-class RolloutLimits:
-    """Limits applied the same way to every env, and recorded with each trajectory as its stop reason."""
-
-    max_turns: int = 8
-    max_episode_tokens: int = 2048
-    tool_timeout_s: float = 10.0
-
-
-@dataclass(frozen=True)
 class Episode:
     """A unit of rollout work: serialisable in (id + task), a Trajectory out."""
 
     id: str
     task: dict[str, Any]
     split: str | None = None
+    group: str | None = None  # rollouts compared with each other for advantages (copied to the trajectory)
 
 
 class EpisodeRunner:
@@ -93,8 +85,9 @@ class RolloutEngine(EpisodeRunner):
         tokenizer: the policy's tokenizer.
         chat_template: a prefix-preserving template (see ``trajlab.chat.template.resolve_chat_template``).
         parser: turns model text into tool calls.
-        sampling: sampling settings for every turn (stop tokens default to the template's end-of-turn tokens).
-        limits: turn, token and tool-time limits.
+        sampling: sampling settings for every turn (stop tokens default to the template's end-of-turn tokens; the
+            tokens per turn are the limits' ``max_new_tokens``).
+        limits: the user's episode limits; each one not given (or None) is the env's own (``EnvSpec.limits``).
         system_prompt: overrides the env's default system prompt; "" means none.
     """
 
@@ -107,15 +100,16 @@ class RolloutEngine(EpisodeRunner):
         chat_template: str,
         parser: ToolCallParser,
         sampling: SamplingParams | None = None,
-        limits: RolloutLimits | None = None,
+        limits: Mapping[str, int | float | None] | None = None,
         system_prompt: str | None = None,
     ) -> None:
         self.env = env
         self.generator = generator
         self.tokenizer = tokenizer
         self.parser = parser
-        self.limits = limits or RolloutLimits()
-        sampling = sampling or SamplingParams()
+        self.limit_overrides = dict(limits or {})
+        self.limits = env.limits.override(**self.limit_overrides)
+        sampling = replace(sampling or SamplingParams(), max_new_tokens=self.limits.max_new_tokens)
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=tuple(stop_token_ids(tokenizer)))
         self.sampling = sampling
@@ -129,7 +123,7 @@ class RolloutEngine(EpisodeRunner):
         """An engine for ``env`` (e.g. the same env with other tool descriptions) with this one's policy, parser,
         sampling, limits and system prompt."""
         return RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
-                             parser=self.parser, sampling=self.sampling, limits=self.limits,
+                             parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
                              system_prompt=self.system_prompt)
 
     async def run_episode(self, episode: Episode) -> Trajectory:
@@ -306,6 +300,7 @@ class RolloutEngine(EpisodeRunner):
             error=state.error,
             policy=self.generator.name,
             split=state.episode.split,
+            group=state.episode.group,
         )
 
 

@@ -39,7 +39,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
-from trajlab.rollout.engine import Episode, make_engine
+from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory
 from trajlab.train.advantages import (
@@ -101,12 +101,13 @@ def run_rl(
         tokenizer,
         chat_template=chat_template,
         parser=get_parser(rollout.parser, tokenizer),
-        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=settings.temperature),
-        limits=rollout.limits(),
+        sampling=SamplingParams(temperature=settings.temperature),
+        limits=rollout.limit_overrides(),
         system_prompt=system_prompt,
     )
     # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
-    token_budget = rollout.max_turns * rollout.max_new_tokens
+    engines = engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]
+    token_budget = max(e.limits.max_turns * e.limits.max_new_tokens for e in engines)
 
     start = _resume(accelerator, out_dir) if resume else 0
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)

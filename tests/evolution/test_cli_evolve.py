@@ -1,8 +1,8 @@
 """``trajlab evolve`` -> ``trajlab eval --prompt-file`` -> ``trajlab eval compare``, as the docs walk through it.
 
-The policy (``--env tests.evolve.scripted:INSTRUCTED --policy oracle``) and the reflection LM (the deterministic
+The policy (``--env tests.evolution.scripted:INSTRUCTED --policy oracle``) and the reflection LM (the deterministic
 proposer behind ``trajlab serve``'s real app, on a loopback port) are the TEST-ONLY scripted parts of
-``tests/evolve/scripted.py``; everything between them is trajlab's command line as shipped. The docs' own config
+``tests/evolution/scripted.py``; everything between them is trajlab's command line as shipped. The docs' own config
 (``configs/evolve.yaml``, the tiny model) runs too, and is killed mid-run and resumed.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tests.evolve.scripted import HINT, SEED_PROMPT, proposer_as_chat_policy
+from tests.evolution.scripted import HINT, SEED_PROMPT, proposer_as_chat_policy
 from tests.proxy.conftest import running
 from trajlab.chat.parsers import get_parser
 from trajlab.cli import app
@@ -30,7 +30,7 @@ from trajlab.models import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = "tests.evolve.scripted:INSTRUCTED"
+ENV = "tests.evolution.scripted:INSTRUCTED"
 runner = CliRunner()
 
 

@@ -1,6 +1,6 @@
 """The GEPA adapter contract, an optimisation that measurably helps, resume, and a real tiny reflection model.
 
-The optimisation tests use the test-only scripted parts of ``tests/evolve/scripted.py``, named for what they are: a
+The optimisation tests use the test-only scripted parts of ``tests/evolution/scripted.py``, named for what they are: a
 policy that makes a characteristic mistake unless its system prompt tells it to double-check, and a deterministic
 reflection "LM" that adds that instruction when the feedback shows wrong answers. Neither ships with trajlab.
 """
@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from tests.evolve.scripted import HINT, SEED_PROMPT, InstructionFollowingPolicy, deterministic_proposer
+from tests.evolution.scripted import HINT, SEED_PROMPT, InstructionFollowingPolicy, deterministic_proposer
 from trajlab.chat.parsers import get_parser
 from trajlab.data.store import read_trajectories
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.builtin.arithmetic import oracle
 from trajlab.env.prompts import SYSTEM_PROMPT as COMPONENT
 from trajlab.env.registry import EnvSpec
-from trajlab.evolve.adapter import TrajlabAdapter
-from trajlab.evolve.candidate import seed_candidate
-from trajlab.evolve.reflection import LocalReflection
-from trajlab.evolve.run import run_evolve
+from trajlab.evolution.adapter import TrajlabAdapter
+from trajlab.evolution.candidate import seed_candidate
+from trajlab.evolution.reflection import LocalReflection
+from trajlab.evolution.run import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import RolloutEngine
 
 
 def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
 def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) -> TrajlabAdapter:
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
     engine = RolloutEngine(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
-                           limits=RolloutLimits(max_turns=4))
+                           limits=dict(max_turns=4))
     return TrajlabAdapter(engine)
 
 

@@ -21,12 +21,12 @@ import gepa
 from gepa.core.data_loader import DataLoader
 from gepa.strategies.eval_policy import FullEvaluationPolicy
 
-from trajlab.recipes.collect import CollectConfig, build_engine
 from trajlab.config import EvolveSettings
 from trajlab.env.registry import EnvSpec
-from trajlab.evolve.adapter import TrajlabAdapter, task_key
-from trajlab.evolve.candidate import SYSTEM_PROMPT, reflection_templates, seed_candidate
-from trajlab.evolve.reflection import ReflectionLM, load_reflection_lm
+from trajlab.evolution.adapter import TrajlabAdapter, task_key
+from trajlab.evolution.candidate import SYSTEM_PROMPT, reflection_templates, seed_candidate
+from trajlab.evolution.reflection import ReflectionLM, load_reflection_lm
+from trajlab.recipes.collect import CollectConfig, build_engine
 
 STATE_FILE = "gepa_state.bin"
 RUN_FILE = "trajlab_run.json"

@@ -6,7 +6,7 @@ import pytest
 
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
-from trajlab.evolve.reflection import ServerReflection, load_reflection_lm
+from trajlab.evolution.reflection import ServerReflection, load_reflection_lm
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app

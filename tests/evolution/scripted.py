@@ -5,7 +5,7 @@
 - ``deterministic_proposer``: a reflection "LM" that reads GEPA's reflection prompt and appends that instruction to
   the current text when the episodes it is shown submitted wrong answers.
 - ``INSTRUCTED``: the arithmetic env with that policy as its ``oracle``, so ``--policy oracle`` on the command line
-  is a policy that really reacts to the prompt (``--env tests.evolve.scripted:INSTRUCTED``).
+  is a policy that really reacts to the prompt (``--env tests.evolution.scripted:INSTRUCTED``).
 """
 
 from __future__ import annotations

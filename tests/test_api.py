@@ -1,0 +1,39 @@
+"""The Python API as the README shows it, and its settings validated by the config models."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import trajlab
+from trajlab.errors import UserError
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_python_example_runs(monkeypatch, tmp_path, tiny_model_dir, capsys):
+    monkeypatch.setenv("TRAJLAB_HOME", str(tmp_path))  # the oracle's default tokenizer is built there
+    section = README.read_text().split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    rate, count, status = capsys.readouterr().out.split()
+    assert float(rate) == 1.0 and int(count) == 4 and status == "success"
+
+
+def test_settings_are_validated_by_the_config_models(tiny_model_dir):
+    with pytest.raises(UserError, match="num_taks.*did you mean 'num_tasks'"):
+        trajlab.evaluate("arithmetic", "oracle", tokenizer=tiny_model_dir, num_taks=3)
+    with pytest.raises(UserError, match="max_turns"):
+        trajlab.collect("arithmetic", "oracle", tokenizer=tiny_model_dir, episodes=1, rollout={"max_turns": 0})
+
+
+def test_in_memory_tasks_and_a_built_policy(tiny_model_dir):
+    from trajlab.env.registry import load_env
+    from trajlab.inference.policy import load_policy
+
+    spec = load_env("arithmetic")
+    tasks = [task for _, task in zip(range(3), spec.iter_tasks("test"), strict=False)]
+    policy = load_policy("oracle", oracle=spec.oracle, tokenizer=tiny_model_dir)
+    report = trajlab.evaluate(spec, policy, tasks=tasks)
+    assert report.episodes == 3 and report.success_rate == 1.0
+    assert {row.task_id for row in report.tasks} == {str(t["task_id"]) for t in tasks}

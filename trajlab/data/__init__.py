@@ -1,0 +1,1 @@
+"""Trajectory files and the Hugging Face datasets made from them."""

@@ -1,0 +1,1 @@
+"""Generators: one protocol (token ids in, token ids and logprobs out) and its backends."""

@@ -1,0 +1,1 @@
+"""The multi-turn rollout engine, trajectory records, rewards and tool execution."""
