@@ -20,20 +20,18 @@ import pytest
 from tests.env.oracle import run_oracle
 from trajlab.chat.parsers import get_parser
 from trajlab.env.base import tool_call_message, tool_schemas
-from trajlab.env.builtin import ctf
-from trajlab.env.builtin.ctf import (
-    CTF,
+from trajlab.env.builtin import ctf, ctf_challenges
+from trajlab.env.builtin.ctf import CTF, SPEC
+from trajlab.env.builtin.ctf_challenges import (
     FLAG_RE,
     KINDS,
     LAYERS,
-    SPEC,
     challenge,
     decode_layer,
     encode_layer,
     encoding_chain,
-    exploit,
-    peel,
 )
+from trajlab.env.builtin.ctf_oracle import exploit, peel
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
 from trajlab.sandbox import Sandbox, probe_protections
@@ -310,7 +308,7 @@ def test_encodings_round_trip_and_chains_stay_readable():
         assert 3 <= len(chain) <= 5 and all(chain.count(layer) <= 1 for layer in LAYERS if layer != "base64")
         blob = challenge("encoding", seed, FAKE_FLAG).files
         [encoded] = [content for name, content in blob.items() if name != "note.txt"]
-        assert len(encoded) <= ctf.MAX_BLOB_CHARS and FAKE_FLAG not in encoded
+        assert len(encoded) <= ctf_challenges.MAX_BLOB_CHARS and FAKE_FLAG not in encoded
         assert peel(encoded.strip()) == FAKE_FLAG
 
 
