@@ -37,6 +37,7 @@ from trajlab.env.base import Environment
 from trajlab.env.builtin._split import split_of
 from trajlab.env.builtin.ctf_challenges import KINDS, MAX_ENCRYPT_QUERIES, challenge, new_flag
 from trajlab.env.builtin.ctf_oracle import oracle
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult
 
@@ -44,7 +45,7 @@ TASKS_PER_KIND = 400
 MAX_WRONG_SUBMISSIONS = 3
 
 # The model's commands: generous enough for python3 and pipelines, small enough that a fork bomb or a busy loop
-# ends within the rollout engine's default 10 s tool timeout. Where the sandbox has a disk quota, it is a tmpfs
+# ends within the episode's 10 s tool timeout (LIMITS). Where the sandbox has a disk quota, it is a tmpfs
 # (memory) that also serves as the command's /tmp: a challenge needs a few kilobytes.
 COMMAND_LIMITS = SandboxLimits(cpu_seconds=5, memory_bytes=512 << 20, file_size_bytes=16 << 20, max_processes=64,
                                open_files=256, wall_timeout_s=8.0, max_output_bytes=64 << 10, disk_bytes=32 << 20)
@@ -234,4 +235,11 @@ SYSTEM_PROMPT = (
     "submissions end the challenge."
 )
 
-SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# What the reference policy needs, over all 1600 tasks with the tiny tokenizer: 6 turns (cipher: cat, four encrypt
+# queries, submit), 1411 tokens, 101 new tokens in one turn (hidden: a command listing every hidden file), tool calls
+# under 0.2 s. About twice that, so a model may explore and submit wrongly; the tokens also leave room for one
+# observation cut at its longest (2500 characters). The tool timeout stays above COMMAND_LIMITS' 8 s wall limit, so
+# the sandbox stops a command (and says so) before the engine gives up on the call.
+LIMITS = EpisodeLimits(max_turns=12, max_episode_tokens=4096, max_new_tokens=256, tool_timeout_s=10.0)
+
+SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, limits=LIMITS)
