@@ -20,20 +20,19 @@ import pytest
 from tests.env.oracle import run_oracle
 from trajlab.chat.parsers import get_parser
 from trajlab.env.base import tool_call_message, tool_schemas
-from trajlab.env.builtin import ctf
-from trajlab.env.builtin.ctf import (
-    CTF,
+from trajlab.env.builtin import ctf, ctf_challenges
+from trajlab.env.builtin.ctf import CTF, SPEC
+from trajlab.env.builtin.ctf_challenges import (
     FLAG_RE,
     KINDS,
     LAYERS,
-    SPEC,
     challenge,
     decode_layer,
     encode_layer,
     encoding_chain,
-    exploit,
-    peel,
 )
+from trajlab.env.builtin.ctf_oracle import exploit, peel
+from trajlab.inference.base import SamplingParams
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.sandbox import Sandbox, probe_protections
@@ -90,6 +89,21 @@ def test_the_oracle_solves_every_kind_through_the_rollout_engine(tiny_tokenizer,
     assert all(t.metrics["env/oracle_queries"] >= 3 for t in cipher)
     flags = [t.messages[-2]["tool_calls"][0]["function"]["arguments"]["flag"] for t in results]
     assert all(FLAG_RE.fullmatch(flag) for flag in flags) and len(set(flags)) == len(flags)
+
+
+def test_the_oracle_succeeds_within_the_envs_default_limits(tiny_tokenizer, tiny_template):
+    """The limits the spec states are enough for the reference policy on every kind, without any user limits."""
+    limits = SPEC.limits
+    test = list(SPEC.iter_tasks("test"))
+    tasks = [t for kind in KINDS for t in [t for t in test if t["kind"] == kind][:2]]
+    rollout_limits = RolloutLimits(max_turns=limits.max_turns, max_episode_tokens=limits.max_episode_tokens,
+                                   tool_timeout_s=limits.tool_timeout_s)
+    engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
+                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
+                           sampling=SamplingParams(max_new_tokens=limits.max_new_tokens), limits=rollout_limits)
+    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks]))
+    assert all(t.status == "success" for t in results), [(t.id, t.stop_reason) for t in results]
+    assert limits.tool_timeout_s > ctf.COMMAND_LIMITS.wall_timeout_s  # the sandbox stops a command first
 
 
 def test_wrong_submissions_score_nothing_and_the_right_flag_scores_one():
@@ -310,7 +324,7 @@ def test_encodings_round_trip_and_chains_stay_readable():
         assert 3 <= len(chain) <= 5 and all(chain.count(layer) <= 1 for layer in LAYERS if layer != "base64")
         blob = challenge("encoding", seed, FAKE_FLAG).files
         [encoded] = [content for name, content in blob.items() if name != "note.txt"]
-        assert len(encoded) <= ctf.MAX_BLOB_CHARS and FAKE_FLAG not in encoded
+        assert len(encoded) <= ctf_challenges.MAX_BLOB_CHARS and FAKE_FLAG not in encoded
         assert peel(encoded.strip()) == FAKE_FLAG
 
 

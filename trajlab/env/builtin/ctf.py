@@ -27,34 +27,25 @@ starts the next one, and when the env is garbage-collected.
 
 from __future__ import annotations
 
-import ast
-import base64
-import binascii
-import codecs
-import gzip
 import hmac
 import random
-import re
-import secrets
-import string
 import weakref
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from trajlab.env.base import Environment, tool_call_message
+from trajlab.env.base import Environment
 from trajlab.env.builtin._split import split_of
+from trajlab.env.builtin.ctf_challenges import KINDS, MAX_ENCRYPT_QUERIES, challenge, new_flag
+from trajlab.env.builtin.ctf_oracle import oracle
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult
 
-KINDS = ("encoding", "hidden", "cipher", "service")
 TASKS_PER_KIND = 400
-FLAG_RE = re.compile(r"flag\{[0-9a-f]{24}\}")
 MAX_WRONG_SUBMISSIONS = 3
 
 # The model's commands: generous enough for python3 and pipelines, small enough that a fork bomb or a busy loop
-# ends within the rollout engine's default 10 s tool timeout. Where the sandbox has a disk quota, it is a tmpfs
+# ends within the episode's 10 s tool timeout (LIMITS). Where the sandbox has a disk quota, it is a tmpfs
 # (memory) that also serves as the command's /tmp: a challenge needs a few kilobytes.
 COMMAND_LIMITS = SandboxLimits(cpu_seconds=5, memory_bytes=512 << 20, file_size_bytes=16 << 20, max_processes=64,
                                open_files=256, wall_timeout_s=8.0, max_output_bytes=64 << 10, disk_bytes=32 << 20)
@@ -63,266 +54,7 @@ SERVICE_LIMITS = SandboxLimits(cpu_seconds=2, memory_bytes=256 << 20, file_size_
 MAX_COMMAND_CHARS = 8000
 MAX_DATA_CHARS = 4000
 OBSERVATION_HEAD, OBSERVATION_TAIL = 2000, 500  # characters of output kept before and after a cut
-
-LAYERS = ("base64", "hex", "rot13", "reverse", "gzip")
-MAX_BLOB_CHARS = 320  # an encoded flag stays short enough to read in one observation
-KEYSTREAM_BYTES = 32
-MAX_ENCRYPT_QUERIES = 16
 MAX_CONNECTIONS = 20
-
-
-SAMPLE_FLAG = "flag{5f0c8e1a9b7d2c4e6a8f0b1d}"  # only to measure encodings, never a real flag
-
-
-def new_flag() -> str:
-    """A fresh flag from the OS's CSPRNG: nothing in the task or its seed predicts it."""
-    return "flag{" + secrets.token_hex(12) + "}"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Challenges, laid out from a task's seed around a fresh flag.
-
-
-@dataclass
-class Challenge:
-    """One episode's challenge: what the model is told, what its sandbox holds, and what stays on the host."""
-
-    intro: str
-    files: dict[str, str]  # path in the model's sandbox -> content
-    keystream: bytes = b""  # cipher: the secret key, host-side only
-    block: int = 0  # cipher: bytes encrypted per query at most
-    program: str = ""  # service: the program the service sandbox runs
-    facts: dict[str, Any] = field(default_factory=dict)  # how it was built, for tests; never shown to the model
-
-
-def encode_layer(layer: str, text: str) -> str:
-    if layer == "base64":
-        return base64.b64encode(text.encode()).decode()
-    if layer == "hex":
-        return text.encode().hex()
-    if layer == "rot13":
-        return codecs.encode(text, "rot13")
-    if layer == "reverse":
-        return text[::-1]
-    if layer == "gzip":
-        return base64.b64encode(gzip.compress(text.encode(), mtime=0)).decode()
-    raise ValueError(f"unknown layer {layer!r}; layers are {LAYERS}")
-
-
-def decode_layer(layer: str, text: str) -> str | None:
-    """Undo one layer, or None when ``text`` cannot be that layer's output (the result must be printable ASCII)."""
-    try:
-        if layer == "base64":
-            raw = base64.b64decode(text, validate=True)
-        elif layer == "hex":
-            raw = bytes.fromhex(text)
-        elif layer == "gzip":
-            raw = gzip.decompress(base64.b64decode(text, validate=True))
-        else:
-            raw = encode_layer(layer, text).encode()  # rot13 and reverse are their own inverses
-        decoded = raw.decode("ascii")
-    except (ValueError, binascii.Error, OSError, EOFError, zlib.error, UnicodeDecodeError):
-        return None
-    return decoded if decoded.isprintable() else None
-
-
-def encoding_chain(rng: random.Random) -> list[str]:
-    """3 to 5 layers, innermost first, drawn from ``rng``.
-
-    base64 may come any number of times, every other layer once at most (rot13 or reverse twice would cancel out,
-    hex or gzip twice would make the blob too long), and at least two layers change the alphabet. The length check
-    uses a fixed sample flag, so a seed always gives the same chain; the margin covers gzip's variation.
-    """
-    while True:
-        chain = [rng.choice(LAYERS) for _ in range(rng.randint(3, 5))]
-        repeated = any(chain.count(layer) > 1 for layer in LAYERS if layer != "base64")
-        changing = sum(layer in ("base64", "hex", "gzip") for layer in chain)
-        if not repeated and changing >= 2 and len(apply_chain(chain, SAMPLE_FLAG)) <= MAX_BLOB_CHARS - 40:
-            return chain
-
-
-def apply_chain(chain: list[str], text: str) -> str:
-    for layer in chain:
-        text = encode_layer(layer, text)
-    return text
-
-
-def encoding_challenge(rng: random.Random, flag: str) -> Challenge:
-    chain = encoding_chain(rng)
-    name = rng.choice(["secret.txt", "message.enc", "blob.dat", "payload.txt", "transmission.txt", "dump.b64"])
-    note = (f"The flag in {name} went through {len(chain)} layers of encoding, applied one after the other. Each "
-            "layer is one of: base64, hex, rot13, reversed text, gzip (its bytes then base64-encoded). Undo them "
-            "from the outermost in.\n")
-    return Challenge(
-        intro=f"Your working directory holds an encoded flag in {name}; note.txt explains how it was encoded.",
-        files={name: apply_chain(chain, flag) + "\n", "note.txt": note},
-        facts={"chain": chain},
-    )
-
-
-VISIBLE_DIRS = ("docs", "src", "logs", "backup", "notes", "data", "www", "scripts")
-FILLERS = (
-    ("readme.txt", "Internal files. Ask ops before deleting anything.\n"),
-    ("todo.txt", "- rotate the logs\n- renew the certificate\n- water the plants\n"),
-    ("app.log", "INFO start\nWARN disk 81% full\nINFO stop\n"),
-    ("main.py", "print('hello')\n"),
-    ("index.html", "<h1>It works</h1>\n"),
-    ("backup.sh", "tar czf /tmp/backup.tgz .\n"),
-)
-DECOY_FLAGS = ("flag{nice_try}", "flag{this_is_not_the_flag}", "flag{decoy}", "flag{look_deeper}", "FLAG{almost}")
-REAL_HIDDEN_DIRS = (".config", ".local", ".secret", ".vault", ".keys", ".private", ".stash")
-REAL_HIDDEN_FILES = (".flag", ".key", ".token", ".treasure", ".loot")
-
-
-def hidden_challenge(rng: random.Random, flag: str) -> Challenge:
-    dirs = rng.sample(VISIBLE_DIRS, 3)
-    decoys = rng.sample(DECOY_FLAGS, 3)
-    files = {f"{d}/{name}": content for d in dirs for name, content in rng.sample(FILLERS, 2)}
-    files["flag.txt"] = decoys[0] + "\n"
-    files[".bash_history"] = "ls\ncat flag.txt\nmv flag.txt .trash/\n"
-    files[f".trash/{rng.choice(['old_flag.txt', 'flag.bak'])}"] = f"{decoys[1]} (revoked)\n"
-    files[f"{dirs[0]}/.cache/notes"] = f"not the flag either: {decoys[2]}\n"
-    depth = rng.randint(2, 3)
-    parts = [rng.choice(["", *dirs]), *rng.sample(REAL_HIDDEN_DIRS, depth - 1), rng.choice(REAL_HIDDEN_FILES)]
-    path = "/".join(part for part in parts if part)
-    files[path] = flag + "\n"
-    return Challenge(
-        intro="The flag is hidden somewhere under your working directory, among decoys. Not everything shows up in "
-              "a plain ls.",
-        files=files,
-        facts={"path": path},
-    )
-
-
-def cipher_challenge(rng: random.Random, flag: str) -> Challenge:
-    block = rng.choice([6, 8])
-    keystream = secrets.token_bytes(KEYSTREAM_BYTES)
-    ciphertext = bytes(a ^ b for a, b in zip(flag.encode(), keystream, strict=False))
-    readme = (f"ciphertext.hex is the flag encrypted with a stream cipher: a secret keystream, fixed for this "
-              f"challenge, is combined byte by byte with the plaintext. The encrypt tool encrypts your plaintext "
-              f"with the same keystream, starting at the offset you choose, but at most {block} bytes per query "
-              f"and {MAX_ENCRYPT_QUERIES} queries in all.\n")
-    return Challenge(
-        intro="The flag was encrypted into ciphertext.hex; an encryption service (the encrypt tool) uses the same "
-              "secret key. Read README.txt.",
-        files={"ciphertext.hex": ciphertext.hex() + "\n", "README.txt": readme},
-        keystream=keystream,
-        block=block,
-    )
-
-
-# The vulnerable programs. The flag arrives only on the program's stdin, sent by the env when connect() runs it.
-NOTES_SERVICE = string.Template('''\
-import sys
-
-FLAG = sys.stdin.readline().strip()  # the server sends the flag as the first line of input
-NOTES = $notes
-STORE = NOTES + [FLAG]  # the admin note is kept right after the public ones
-
-for line in sys.stdin:
-    command, _, argument = line.strip().partition(" ")
-    if command == "list":
-        print(len(NOTES), "public notes")
-    elif command == "$read":
-        index = int(argument)
-        if index < 0 or index > len(NOTES):
-            print("no such note")
-        else:
-            print(STORE[index])
-    else:
-        print("commands: list, $read INDEX")
-''')
-
-ECHO_SERVICE = string.Template('''\
-import sys
-
-FLAG = sys.stdin.readline().strip()  # the server sends the flag as the first line of input
-SIZE = $size
-memory = bytearray(b"." * (2 * SIZE))
-memory[SIZE:SIZE + len(FLAG)] = FLAG.encode()  # the secret half, right after the echo buffer
-
-for line in sys.stdin:
-    # $verb LENGTH TEXT: echo back the first LENGTH bytes of TEXT
-    parts = line.rstrip("\\n").split(" ", 2)
-    if len(parts) != 3 or parts[0] != "$verb" or not parts[1].isdigit() or int(parts[1]) > len(memory):
-        print("usage: $verb LENGTH TEXT")
-        continue
-    data = parts[2].encode()[:SIZE]
-    memory[:len(data)] = data
-    print(memory[:int(parts[1])].decode(errors="replace"))
-''')
-
-COOKIE_SERVICE = string.Template('''\
-import sys
-
-FLAG = sys.stdin.readline().strip()  # the server sends the flag as the first line of input
-
-
-def parse(cookie):
-    fields = {}
-    for item in cookie.split(";"):
-        key, _, value = item.partition("=")
-        fields[key] = value
-    return fields
-
-
-for line in sys.stdin:
-    cookie = "$role=$low;$name=" + line.strip()
-    session = parse(cookie)
-    if session["$role"] == "$high":
-        print("Welcome back. The flag is", FLAG)
-    else:
-        print("Hello", session["$name"] + ". Only the $high $role may read the flag.")
-''')
-
-NOTE_TEXTS = ("welcome to the notes service", "remember to water the plants", "meeting moved to friday",
-              "the coffee machine is fixed", "backups run at midnight", "do not feed the cat")
-
-
-def service_program(rng: random.Random) -> tuple[str, str]:
-    """A vulnerable program and its bug's name."""
-    bug = rng.choice(["off_by_one", "trusted_length", "injection"])
-    if bug == "off_by_one":
-        notes = rng.sample(NOTE_TEXTS, rng.randint(2, 5))
-        return NOTES_SERVICE.substitute(notes=repr(notes), read=rng.choice(["show", "read", "get"])), bug
-    if bug == "trusted_length":
-        return ECHO_SERVICE.substitute(size=rng.choice([32, 40, 48, 64]), verb=rng.choice(["ECHO", "PING"])), bug
-    role, name = rng.choice([("role", "name"), ("level", "user"), ("group", "login")])
-    low, high = rng.choice([("guest", "admin"), ("user", "root"), ("visitor", "staff")])
-    return COOKIE_SERVICE.substitute(role=role, name=name, low=low, high=high), bug
-
-
-def service_challenge(rng: random.Random, flag: str) -> Challenge:
-    program, bug = service_program(rng)
-    readme = ("service.py is the source of the service behind the connect tool. connect(data) starts service.py "
-              "on the server, sends it the flag as the first line of its input, then your data, and returns what "
-              "it printed. You may run service.py here too, with input of your own (the real flag is not here).\n")
-    return Challenge(
-        intro="A service holds the flag; its source is service.py and the connect tool talks to it. Find its bug "
-              "and make it reveal the flag. Read README.txt.",
-        files={"service.py": program, "README.txt": readme},
-        program=program,
-        facts={"bug": bug},
-    )
-
-
-CHALLENGES: dict[str, Callable[[random.Random, str], Challenge]] = {
-    "encoding": encoding_challenge,
-    "hidden": hidden_challenge,
-    "cipher": cipher_challenge,
-    "service": service_challenge,
-}
-
-
-def challenge(kind: str, seed: int, flag: str) -> Challenge:
-    """The challenge of a task: its layout comes from (kind, seed), its flag and key from the caller / the OS."""
-    if kind not in CHALLENGES:
-        raise ValueError(f"Unknown CTF challenge kind {kind!r}; kinds are {list(KINDS)}.")
-    return CHALLENGES[kind](random.Random(f"ctf:{kind}:{seed}"), flag)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The environment.
 
 
 def _cleanup(sandboxes: list[Sandbox]) -> None:
@@ -495,128 +227,6 @@ def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
     yield from chosen
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The reference policy: it sees only the conversation (and the task's kind), like a model would.
-
-
-@dataclass(frozen=True)
-class Step:
-    """One tool call of the conversation so far and what it returned."""
-
-    tool: str
-    arguments: dict[str, Any]
-    result: str
-
-
-Move = tuple[str, dict[str, Any]] | str | None  # a tool call, a flag to submit, or nothing left to try
-
-HEX_RE = re.compile(r"\b[0-9a-f]{20,}\b")
-ENCRYPTED_RE = re.compile(r"Encrypted bytes (\d+) to (\d+)[^:]*: ([0-9a-f]+)")
-
-
-def peel(blob: str, max_layers: int = 6) -> str | None:
-    """The flag under at most ``max_layers`` layers of encoding, searched breadth-first over the layer kinds."""
-    frontier, seen = [blob], {blob}
-    for _ in range(max_layers + 1):
-        if found := next((text for text in frontier if FLAG_RE.fullmatch(text)), None):
-            return found
-        deeper = []
-        for text in frontier:
-            for layer in LAYERS:
-                decoded = decode_layer(layer, text)
-                if decoded is not None and decoded not in seen:
-                    seen.add(decoded)
-                    deeper.append(decoded)
-        frontier = deeper
-    return None
-
-
-def solve_encoding(steps: list[Step]) -> Move:
-    if not steps:
-        return "run", {"command": "head -n 20 *"}
-    return next((flag for word in steps[0].result.split() if len(word) >= 16 and (flag := peel(word))), None)
-
-
-def solve_hidden(steps: list[Step]) -> Move:
-    if not steps:
-        return "run", {"command": "find . -type f"}
-    if len(steps) == 1:
-        hidden = [path for path in steps[0].result.splitlines() if path.startswith("./") and "/." in path]
-        return ("run", {"command": "head -n 5 " + " ".join(hidden)}) if hidden else None
-    found = FLAG_RE.search(steps[-1].result)
-    return found.group() if found else None
-
-
-def solve_cipher(steps: list[Step]) -> Move:
-    """Keystream bytes come free where the flag's format is known, and from encrypting A's everywhere else."""
-    if not steps:
-        return "run", {"command": "cat ciphertext.hex"}
-    line = HEX_RE.search(steps[0].result)
-    if line is None:
-        return None
-    ciphertext = bytes.fromhex(line.group())
-    known = {i: c ^ p for i, (c, p) in enumerate(zip(ciphertext, b"flag{", strict=False))}
-    known[len(ciphertext) - 1] = ciphertext[-1] ^ ord("}")
-    for step in steps[1:]:
-        if step.tool == "encrypt" and (reply := ENCRYPTED_RE.search(step.result)):
-            start, encrypted = int(reply.group(1)), bytes.fromhex(reply.group(3))
-            plain = step.arguments["plaintext"].encode()[: len(encrypted)]
-            known.update((start + i, c ^ p) for i, (c, p) in enumerate(zip(encrypted, plain, strict=True)))
-    missing = [i for i in range(len(ciphertext)) if i not in known]
-    if missing:
-        return "encrypt", {"plaintext": "A" * (missing[-1] - missing[0] + 1), "offset": missing[0]}
-    return bytes(c ^ known[i] for i, c in enumerate(ciphertext)).decode(errors="replace")
-
-
-def exploit(source: str) -> str | None:
-    """The input that makes a service program print the flag, worked out from its source."""
-    read, notes = re.search(r'elif command == "(\w+)":', source), re.search(r"^NOTES = (\[.*\])$", source, re.M)
-    if read and notes:  # index len(NOTES) passes the off-by-one check and lands on the flag
-        return f"{read.group(1)} {len(ast.literal_eval(notes.group(1)))}"
-    size, verb = re.search(r"^SIZE = (\d+)$", source, re.M), re.search(r'parts\[0\] != "(\w+)"', source)
-    if size and verb:  # a length covering the whole memory echoes the secret half too
-        return f"{verb.group(1)} {2 * int(size.group(1))} x"
-    cookie, high = re.search(r'cookie = "(\w+)=\w+;\w+=" \+', source), re.search(r'\] == "(\w+)":', source)
-    if cookie and high:  # a later field overrides the role the server set
-        return f"x;{cookie.group(1)}={high.group(1)}"
-    return None
-
-
-def solve_service(steps: list[Step]) -> Move:
-    if not steps:
-        return "run", {"command": "cat service.py"}
-    if len(steps) == 1:
-        data = exploit(steps[0].result)
-        return ("connect", {"data": data}) if data else None
-    found = FLAG_RE.search(steps[-1].result)
-    return found.group() if found else None
-
-
-SOLVERS: dict[str, Callable[[list[Step]], Move]] = {
-    "encoding": solve_encoding,
-    "hidden": solve_hidden,
-    "cipher": solve_cipher,
-    "service": solve_service,
-}
-
-
-def steps_of(messages: list[dict[str, Any]]) -> list[Step]:
-    calls = [call["function"] for m in messages if m["role"] == "assistant" for call in m.get("tool_calls") or []]
-    results = [m["content"] for m in messages if m["role"] == "tool"]
-    return [Step(call["name"], call["arguments"], result) for call, result in zip(calls, results, strict=False)]
-
-
-def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reference policy: reads files with run, queries the challenge's service, decodes in Python, submits."""
-    steps = steps_of(messages)
-    move = None if steps and steps[-1].tool == "submit_flag" else SOLVERS[task["kind"]](steps)
-    if move is None:
-        return {"role": "assistant", "content": "I could not find the flag."}
-    if isinstance(move, str):
-        return tool_call_message("submit_flag", {"flag": move})
-    return tool_call_message(*move)
-
-
 SYSTEM_PROMPT = (
     "You solve a capture-the-flag challenge. Your working directory is in a Linux sandbox without network: run "
     "executes shell commands there (python3, base64, xxd, gzip and the usual tools are installed). Some challenges "
@@ -625,4 +235,11 @@ SYSTEM_PROMPT = (
     "submissions end the challenge."
 )
 
-SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# What the reference policy needs, over all 1600 tasks with the tiny tokenizer: 6 turns (cipher: cat, four encrypt
+# queries, submit), 1411 tokens, 101 new tokens in one turn (hidden: a command listing every hidden file), tool calls
+# under 0.2 s. About twice that, so a model may explore and submit wrongly; the tokens also leave room for one
+# observation cut at its longest (2500 characters). The tool timeout stays above COMMAND_LIMITS' 8 s wall limit, so
+# the sandbox stops a command (and says so) before the engine gives up on the call.
+LIMITS = EpisodeLimits(max_turns=12, max_episode_tokens=4096, max_new_tokens=256, tool_timeout_s=10.0)
+
+SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, limits=LIMITS)
