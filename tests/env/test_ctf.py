@@ -32,7 +32,6 @@ from trajlab.env.builtin.ctf_challenges import (
     encoding_chain,
 )
 from trajlab.env.builtin.ctf_oracle import exploit, peel
-from trajlab.inference.base import SamplingParams
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.sandbox import Sandbox, probe_protections
@@ -96,11 +95,9 @@ def test_the_oracle_succeeds_within_the_envs_default_limits(tiny_tokenizer, tiny
     limits = SPEC.limits
     test = list(SPEC.iter_tasks("test"))
     tasks = [t for kind in KINDS for t in [t for t in test if t["kind"] == kind][:2]]
-    rollout_limits = RolloutLimits(max_turns=limits.max_turns, max_episode_tokens=limits.max_episode_tokens,
-                                   tool_timeout_s=limits.tool_timeout_s)
     engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
-                           sampling=SamplingParams(max_new_tokens=limits.max_new_tokens), limits=rollout_limits)
+                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
+    assert engine.limits == limits  # no user limits: the env's own
     results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks]))
     assert all(t.status == "success" for t in results), [(t.id, t.stop_reason) for t in results]
     assert limits.tool_timeout_s > ctf.COMMAND_LIMITS.wall_timeout_s  # the sandbox stops a command first
