@@ -51,7 +51,7 @@ def collect(
     policy: PolicyLike | Policy,
     *,
     out: str | Path | None = None,
-    tasks: Sequence[Mapping[str, Any]] | None = None,
+    tasks: Sequence[Mapping[str, Any]] | str | Path | None = None,
     tokenizer: Any = None,
     seed: int = 0,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
@@ -65,7 +65,8 @@ def collect(
         policy: see :func:`trajlab.inference.policy.load_policy`.
         out: a trajectory file to append to; an existing one is resumed (only missing episodes run). None: the
             trajectories are only returned.
-        tasks: task dicts to roll out instead of the env's own split (``episodes`` cycles through them).
+        tasks: task dicts (or a JSONL file of them) to roll out instead of the env's own split (``episodes``
+            cycles through them).
         tokenizer: the trajectories' tokenizer, for the oracle (default: the tiny model's), a server, a loaded
             model or a Generator.
         seed: task order seed.
@@ -91,7 +92,7 @@ def evaluate(
     policy: PolicyLike | Policy,
     *,
     out: str | Path | None = None,
-    tasks: Sequence[Mapping[str, Any]] | None = None,
+    tasks: Sequence[Mapping[str, Any]] | str | Path | None = None,
     tokenizer: Any = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     rewards: Mapping[str, float] | None = None,
@@ -111,13 +112,15 @@ def evaluate(
             ``split``, ``seed``.
         Other arguments: as for :func:`collect`.
     """
+    from trajlab.env.registry import read_tasks_file
     from trajlab.evaluation import evaluate_trajectories, save_report
     from trajlab.recipes.collect import collect as run_collection
     from trajlab.recipes.collect import collected
     from trajlab.rollout.rewards import score
 
     if tasks is not None and "num_tasks" not in settings:
-        settings = {**settings, "num_tasks": max(len(tasks), 1)}
+        count = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
+        settings = {**settings, "num_tasks": max(count, 1)}
     chosen = _settings(EvalSettings, settings)
     with _output(out, "") as run_dir:
         config = _collect_config(env, policy, run_dir / "trajectories.jsonl", tokenizer=tokenizer, tasks=tasks,
@@ -228,15 +231,16 @@ def evolve(
 
 
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
-                    tasks: Sequence[Mapping[str, Any]] | None, seed: int, rollout: RolloutSettings, episodes: int,
-                    split: str, samples_per_task: int, temperature: float) -> Any:
+                    tasks: Sequence[Mapping[str, Any]] | str | Path | None, seed: int, rollout: RolloutSettings,
+                    episodes: int, split: str, samples_per_task: int, temperature: float) -> Any:
     from trajlab.inference.base import SamplingParams
     from trajlab.recipes.collect import CollectConfig
 
     spec, system_prompt = rollout.prompted(_env(env))
     return CollectConfig(
         env=spec, policy=policy, episodes=episodes, out=out, split=split, seed=seed,
-        samples_per_task=samples_per_task, tasks=[dict(task) for task in tasks] if tasks is not None else None,
+        samples_per_task=samples_per_task, tasks_file=Path(tasks) if isinstance(tasks, str | Path) else None,
+        tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
     )

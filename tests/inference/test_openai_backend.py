@@ -210,6 +210,6 @@ def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
         build_policy(CollectConfig(env=env, policy=tiny_server, episodes=1, out=tmp_path / "u.jsonl"))
     named = CollectConfig(env=env, policy=f"{tiny_server}#{MODEL}", episodes=1, out=tmp_path / "u.jsonl",
                           tokenizer=str(tiny_model_dir))
-    assert build_policy(named)[0].model == MODEL
+    assert build_policy(named).generator.model == MODEL
     with pytest.raises(ValueError, match=r"does not serve 'other'; it serves \['tiny'\]"):
         build_policy(CollectConfig(**{**named.__dict__, "policy": f"{tiny_server}#other"}))

@@ -50,9 +50,10 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def usage_error(message: str) -> click.UsageError:
-    """A wrong combination of options: exit 2, like click's own usage errors."""
-    return click.UsageError(message)
+def usage_error(message: str) -> typer.Exit:
+    """A wrong combination of options: said in one line, exit 2 like click's own usage errors."""
+    console.print(f"[bold red]usage error:[/] {escape(message)}")
+    return typer.Exit(code=2)
 
 
 def _field(path: str) -> Any:

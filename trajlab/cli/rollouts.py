@@ -51,12 +51,6 @@ def progress_bar(label: str):
         yield lambda done, total: progress.update(bar, completed=done, total=total)
 
 
-def _tasks(path: Path | None) -> list[dict] | None:
-    from trajlab.env.registry import read_tasks_file
-
-    return None if path is None else read_tasks_file(path)
-
-
 def collect(
     policy: PolicyOption,
     out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
@@ -95,7 +89,7 @@ def collect(
                 already.append(done)
             show(done, total)
 
-        trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=_tasks(tasks), tokenizer=tokenizer,
+        trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                                    seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
                                    **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
@@ -158,15 +152,16 @@ def eval_run(
     missing = [f"--{name}" for name, value in (("policy", policy), ("out", out)) if value is None]
     if missing:
         raise usage_error(f"trajlab eval needs {', '.join(missing)} (or: trajlab eval compare A.json B.json).")
-    task_rows = _tasks(tasks)
-    if task_rows is not None and num_tasks is None:
-        num_tasks = max(len(task_rows), 1)
+    if tasks is not None and num_tasks is None:
+        from trajlab.env.registry import read_tasks_file
+
+        num_tasks = max(len(read_tasks_file(tasks)), 1)
     settings = load(config, sets, {
         "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
         "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, **_rollout(parser, concurrency,
         max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
     with progress_bar("eval") as on_progress:
-        report = api.evaluate(settings.env_spec(), policy, out=out, tasks=task_rows, tokenizer=tokenizer,
+        report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                               rollout=settings.rollout, label=label, on_progress=on_progress,
                               **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))

@@ -157,10 +157,11 @@ def evolve(
         "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
         "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
         "seed": seed})
+    spec = settings.env_spec()
     if not isinstance(settings.env, str) or "," in settings.env:
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
-    summary = api.evolve(settings.env_spec(), policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
+    summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
                          rollout=settings.rollout, seed=settings.seed, log=_gepa_line, **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "

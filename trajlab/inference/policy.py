@@ -96,8 +96,8 @@ def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | N
     from trajlab.inference.openai_server import OpenAIGenerator, served_model, split_policy_url
 
     if tokenizer is None:
-        raise UserError(f"policy {url} is a server: pass the served model's directory as its tokenizer "
-                        "(--tokenizer): prompts are rendered and tool calls read locally, in its tokens.")
+        raise UserError(f"--policy {url} is a server: pass --tokenizer with the served model's directory (prompts "
+                        "are rendered and tool calls read locally, in its tokens).")
     base_url, model = split_policy_url(url)
     model = served_model(base_url, model)
     loaded = _tokenizer(tokenizer)
