@@ -132,6 +132,5 @@ def collect(
     report = evaluate_trajectories(collected(config, episodes))
     summary: dict[str, Any] = report.model_dump(include={"episodes", "success_rate", "mean_reward", "mean_turns",
                                                          "tool_error_rate", "parse_error_rate", "statuses"})
-    summary["resumed_from"] = len(episodes) - len(todo)
     summary["tokens_per_s"] = sum(t.metrics.get("model_tokens", 0.0) for t in new) / elapsed if new else 0.0
     return summary
