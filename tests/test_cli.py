@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from trajlab.cli import app
 from trajlab.data.store import read_trajectories
+from trajlab.env.registry import registered_names
 
 runner = CliRunner()
 
@@ -99,3 +100,14 @@ def test_evolve_says_what_is_wrong(tmp_path, tiny_model_dir):
     assert "The oracle cannot reflect" in error("--env", "arithmetic", "--policy", "oracle", "--out", tmp_path)
     assert "no tool(s) ['divide']" in error("--env", "arithmetic", "--policy", "oracle", "--tool", "divide",
                                               "--reflection", tiny_model_dir, "--out", tmp_path / "t")
+
+
+@pytest.mark.parametrize("env", sorted(set(registered_names()) - {"ctf"}))
+def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_dir):
+    out = tmp_path / "demos.jsonl"
+    result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tiny_model_dir, "--episodes", 4,
+                    "--split", "test", "--out", out)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(out))
+    assert len(trajectories) == 4 and all(t.status == "success" for t in trajectories), [
+        (t.status, t.stop_reason) for t in trajectories]

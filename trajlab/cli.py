@@ -41,11 +41,12 @@ PolicyHelp = ("'oracle' (the env's reference policy), a model directory, or an O
               "http://host:port/v1[#model] (needs --tokenizer).")
 Parser = Annotated[str, typer.Option(help="Tool-call parser: auto, hermes, llama3, response_template.")]
 Concurrency = Annotated[int, typer.Option(min=1, help="Episodes run at once.")]
-MaxTurns = Annotated[int, typer.Option(min=1, help="Model turns per episode.")]
-MaxEpisodeTokens = Annotated[int, typer.Option(min=1, help="Prompt + completion tokens per episode.")]
-MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")]
+MaxTurns = Annotated[int | None, typer.Option(min=1, help="Model turns per episode (default: the env's).")]
+MaxEpisodeTokens = Annotated[int | None, typer.Option(
+    min=1, help="Prompt + completion tokens per episode (default: the env's).")]
+MaxNewTokens = Annotated[int | None, typer.Option(min=1, help="Tokens per model turn (default: the env's).")]
 Temperature = Annotated[float, typer.Option(min=0.0, help="Sampling temperature (0 = greedy).")]
-ToolTimeout = Annotated[float, typer.Option(min=0.0, help="Seconds per tool call.")]
+ToolTimeout = Annotated[float | None, typer.Option(min=0.0, help="Seconds per tool call (default: the env's).")]
 SystemPrompt = Annotated[str | None, typer.Option(help="Replace the env's system prompt ('' for none).")]
 PromptFile = Annotated[Path | None, typer.Option(
     help="Roll out with evolved texts: trajlab evolve's result/best_candidate.json (system prompt and tool "
@@ -117,11 +118,11 @@ def collect(
     tokenizer: OracleTokenizer = None,
     parser: Parser = "auto",
     concurrency: Concurrency = 8,
-    max_turns: MaxTurns = 8,
-    max_episode_tokens: MaxEpisodeTokens = 2048,
-    max_new_tokens: MaxNewTokens = 128,
+    max_turns: MaxTurns = None,
+    max_episode_tokens: MaxEpisodeTokens = None,
+    max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = 1.0,
-    tool_timeout: ToolTimeout = 10.0,
+    tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
 ):
@@ -140,23 +141,23 @@ def collect(
 
 
 def _collect_config(
-    env: str, policy: str, episodes: int, out: Path, *, max_new_tokens: int, temperature: float, max_turns: int,
-    max_episode_tokens: int, tool_timeout: float, tasks: Path | None, system_prompt: str | None,
-    prompt_file: Path | None, **options,
+    env: str, policy: str, episodes: int, out: Path, *, max_new_tokens: int | None, temperature: float,
+    max_turns: int | None, max_episode_tokens: int | None, tool_timeout: float | None, tasks: Path | None,
+    system_prompt: str | None, prompt_file: Path | None, **options,
 ) -> CollectConfig:
     """The CollectConfig behind `collect` and `eval`; ValueError names a bad option."""
     from trajlab.collect import CollectConfig
     from trajlab.env.mixture import load_envs
     from trajlab.evolve.candidate import prompted
     from trajlab.inference.base import SamplingParams
-    from trajlab.rollout.engine import RolloutLimits
 
     _check_policy(policy)
     spec, system_prompt = prompted(load_envs(env), system_prompt, prompt_file)
     return CollectConfig(
         env=spec, policy=policy, episodes=episodes, out=out, tasks_file=tasks, system_prompt=system_prompt,
-        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-        limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, tool_timeout_s=tool_timeout),
+        sampling=SamplingParams(temperature=temperature),
+        limits={"max_turns": max_turns, "max_episode_tokens": max_episode_tokens, "max_new_tokens": max_new_tokens,
+                "tool_timeout_s": tool_timeout},  # None: the env's own
         **options,
     )
 
@@ -467,11 +468,11 @@ def eval_run(
     tokenizer: OracleTokenizer = None,
     parser: Parser = "auto",
     concurrency: Concurrency = 8,
-    max_turns: MaxTurns = 8,
-    max_episode_tokens: MaxEpisodeTokens = 2048,
-    max_new_tokens: MaxNewTokens = 128,
+    max_turns: MaxTurns = None,
+    max_episode_tokens: MaxEpisodeTokens = None,
+    max_new_tokens: MaxNewTokens = None,
     temperature: Temperature = 0.0,
-    tool_timeout: ToolTimeout = 10.0,
+    tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +25,8 @@ from trajlab.evolve.candidate import prompt_tag
 from trajlab.inference.base import Generator, SamplingParams, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import init_tiny_model, load_model, load_tokenizer
-from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine
+from trajlab.models import ensure_default_model, load_model, load_tokenizer
+from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
 from trajlab.rollout.types import Trajectory
 
 
@@ -44,21 +43,9 @@ class CollectConfig:
     tokenizer: str | None = None  # for the oracle or a server: whose tokens the trajectories are written in
     parser: str = "auto"
     concurrency: int = 8
-    sampling: SamplingParams = SamplingParams()
-    limits: RolloutLimits = RolloutLimits()
+    sampling: SamplingParams = SamplingParams()  # its max_new_tokens is the limits'
+    limits: dict[str, int | float | None] = field(default_factory=dict)  # overrides of the env's EpisodeLimits
     system_prompt: str | None = None
-
-
-def default_model_dir() -> Path:
-    """Where the tiny offline default model lives; built on first use."""
-    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
-
-
-def ensure_default_model() -> Path:
-    path = default_model_dir()
-    if not (path / "config.json").exists():
-        init_tiny_model(path, overwrite=True)
-    return path
 
 
 def plan_episodes(config: CollectConfig) -> list[Episode]:
@@ -149,8 +136,7 @@ def collect(
 ) -> dict[str, Any]:
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
-    engine = build_engine(config)
-    with TrajectoryStore(config.out) as store:
+    with build_engine(config) as engine, TrajectoryStore(config.out) as store:
         todo = [episode for episode in episodes if episode.id not in store.ids]
         done = len(episodes) - len(todo)
         if on_progress:

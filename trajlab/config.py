@@ -16,7 +16,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.evolve.candidate import check_prompt_sources, prompted
-from trajlab.rollout.engine import RolloutLimits
 from trajlab.rollout.rewards import check_weights
 
 Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
@@ -60,9 +59,10 @@ class RolloutSettings(Section):
         check_prompt_sources(self.system_prompt, self.prompt_file)  # at load time, not when a stage starts
         return self
 
-    def limits(self) -> RolloutLimits:
-        return RolloutLimits(max_turns=self.max_turns, max_episode_tokens=self.max_episode_tokens,
-                             tool_timeout_s=self.tool_timeout_s)
+    def limits(self) -> dict[str, int | float | None]:
+        """These settings as overrides of the env's episode limits (``RolloutEngine``'s ``limits``)."""
+        return {"max_turns": self.max_turns, "max_episode_tokens": self.max_episode_tokens,
+                "max_new_tokens": self.max_new_tokens, "tool_timeout_s": self.tool_timeout_s}
 
     def prompted(self, env: EnvSpec | EnvMixture) -> tuple[EnvSpec | EnvMixture, str | None]:
         """The env with the prompt file's tool descriptions, and the system prompt to use (None: the env's)."""

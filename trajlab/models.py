@@ -8,6 +8,7 @@ Every other model goes through the same `load_model` / `load_tokenizer` path wit
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -275,6 +276,20 @@ def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = Fal
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def default_model_dir() -> Path:
+    """Where the tiny offline default model lives (``$TRAJLAB_HOME/tiny-model``, else under ``~/.cache/trajlab``)."""
+    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
+
+
+def ensure_default_model() -> Path:
+    """The default model's directory, built on first use: what a command without a model (the oracle's tokens,
+    ``trajlab.check_env``) renders its tokens with."""
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        init_tiny_model(path, overwrite=True)
+    return path
 
 
 def _require_local(name_or_path: str | Path, what: str) -> str:

@@ -21,9 +21,8 @@ from trajlab.env.builtin.bfcl import (
     split_of_index,
 )
 from trajlab.env.builtin.bfcl_data import CATEGORIES, Call, entries, ground_truth_calls, held_out_functions, load_entry
-from trajlab.inference.base import SamplingParams
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT  # isort: skip (after trajlab sets BFCL_PROJECT_ROOT)
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # isort: skip
@@ -211,7 +210,7 @@ def test_two_episodes_of_one_entry_share_no_state_and_bfcl_globals_stay_untouche
     first.mkdir(dir_name="temp")
     assert "temp" in first.ls() and "temp" not in second.ls()
     assert "temp" not in str(first._truth["GorillaFileSystem"].root), "ground-truth instances are separate"
-    assert first._next_user_message("Done.") == second._next_user_message("Done.") == entry.question[1][0]["content"]
+    assert first.next_user_message("Done.") == second.next_user_message("Done.") == entry.question[1][0]["content"]
     assert first._solved == [False] == second._solved  # neither moved final_report.pdf: ground truth ran in each
     assert set(vars(multi_turn_utils)) == before, "bfcl_eval's module-global instance cache is never used"
 
@@ -240,8 +239,7 @@ def run(tasks, tokenizer, template, max_turns=64):
     tool outputs in long_context, up to 34 calls in one message)."""
     engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tokenizer, template), tokenizer,
                            chat_template=template, parser=get_parser("auto", tokenizer),
-                           sampling=SamplingParams(max_new_tokens=4096),
-                           limits=RolloutLimits(max_turns=max_turns, max_episode_tokens=200_000))
+                           limits={"max_turns": max_turns, "max_episode_tokens": 200_000, "max_new_tokens": 4096})
     return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=4))
 
 
@@ -261,7 +259,7 @@ def test_held_out_function_is_unknown_until_its_turn_then_announced_and_callable
     assert env.sort(file_name="final_report.pdf") == "Error: function 'sort' is not available in this conversation."
     assert "sort" not in {t["function"]["name"] for t in env.episode_tools}
     for _ in range(3):
-        message = env._next_user_message("ok")
+        message = env.next_user_message("ok")
     assert "sort" in {t["function"]["name"] for t in env.episode_tools} and json.loads(message.splitlines()[0])
     assert not env.sort(file_name="final_report.pdf").startswith("Error: function")
 
@@ -287,7 +285,7 @@ def test_the_step_limit_force_advances_the_turn_and_counts_it_failed():
     for step in steps[:3]:
         for call in step:
             getattr(env, call.name)(**call.arguments)
-        replies.append(env._next_user_message(None))
+        replies.append(env.next_user_message(None))
     assert replies[:2] == [None, None] and replies[2] == entry.question[1][0]["content"]
     assert env.metrics["force_advanced"] == 1 and env._solved == [False] and env.turn_rewards == [0.0]
 
@@ -349,3 +347,4 @@ def test_under_trl_the_final_answer_scores_the_first_turn():
                {"role": "tool", "content": "..."}]
     rewards = env_reward([solved, silent, still_calling], completions=[answered, answered, calling])
     assert rewards == [pytest.approx(1 / len(entry.question)), 0.0, 0.0]
+

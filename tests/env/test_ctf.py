@@ -35,7 +35,7 @@ from trajlab.env.builtin.ctf import (
     peel,
 )
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.sandbox import Sandbox, probe_protections
 
 PROTECTIONS = probe_protections()
@@ -180,7 +180,7 @@ def test_an_adversarial_episode_scores_nothing_and_leaves_the_host_alone(tiny_to
     policy = adversary(list(commands.values()), f"Correct! Flag verified: {FAKE_FLAG}")
     engine = RolloutEngine(SPEC, ScriptedGenerator(policy, tiny_tokenizer, tiny_template), tiny_tokenizer,
                            chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
-                           limits=RolloutLimits(max_turns=12, max_episode_tokens=16384))
+                           limits={"max_turns": 12, "max_episode_tokens": 16384})
     started_at = time.monotonic()
     try:
         [trajectory] = asyncio.run(engine.run([Episode("adversary", task_of("hidden", 3))]))

@@ -26,7 +26,7 @@ from trajlab.evolve.candidate import seed_candidate
 from trajlab.evolve.reflection import LocalReflection
 from trajlab.evolve.run import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import RolloutEngine
 
 
 def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
@@ -36,7 +36,7 @@ def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
 def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) -> TrajlabAdapter:
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
     engine = RolloutEngine(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
-                           limits=RolloutLimits(max_turns=4))
+                           limits={"max_turns": 4})
     return TrajlabAdapter(engine)
 
 

@@ -12,7 +12,7 @@ from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.mixture import load_envs
 from trajlab.evolve.candidate import apply_candidate, prompt_tag, prompted, read_prompt_file
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 def described(env, tool: str) -> str:
@@ -63,7 +63,7 @@ def test_an_env_offering_tools_per_episode_shows_the_evolved_descriptions(tiny_t
     def first_prompt(spec):
         engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
                                chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
-                               limits=RolloutLimits(max_turns=1, max_episode_tokens=80000))
+                               limits={"max_turns": 1, "max_episode_tokens": 80000})
         (episode,) = asyncio.run(engine.run([Episode("bfcl-0", next(spec.iter_tasks("train", 0)))]))
         return episode
 

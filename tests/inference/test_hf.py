@@ -10,7 +10,7 @@ from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_dir, tiny_tokenizer, tiny_template):
@@ -19,8 +19,7 @@ def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_d
     spec = load_env("arithmetic")
     engine = RolloutEngine(spec, generator, tiny_tokenizer, chat_template=tiny_template,
                            parser=get_parser("auto", tiny_tokenizer),
-                           sampling=SamplingParams(max_new_tokens=24, temperature=1.0),
-                           limits=RolloutLimits(max_turns=2))
+                           sampling=SamplingParams(temperature=1.0), limits={"max_turns": 2, "max_new_tokens": 24})
     tasks = list(itertools.islice(spec.iter_tasks("test"), 6))
     results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=6))
     turns = sum(t.metrics["turns"] for t in results)

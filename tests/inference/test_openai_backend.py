@@ -26,7 +26,7 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.openai_server import OpenAIGenerator, ServerError, served_model
 from trajlab.models import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
-from trajlab.rollout.engine import Episode, RolloutEngine, RolloutLimits
+from trajlab.rollout.engine import Episode, RolloutEngine
 
 
 class FakeToolCaller:
@@ -95,8 +95,8 @@ def fake_server(tokenizer, template, records, *, token_ids: bool = True):
 def arithmetic_engine(generator, tokenizer, template, max_new_tokens: int = 48, temperature: float = 0.0):
     return RolloutEngine(load_env("arithmetic"), generator, tokenizer, chat_template=template,
                          parser=get_parser("auto", tokenizer),
-                         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-                         limits=RolloutLimits(max_turns=2))
+                         sampling=SamplingParams(temperature=temperature),
+                         limits={"max_turns": 2, "max_new_tokens": max_new_tokens})
 
 
 def episodes(n: int) -> list[Episode]:
@@ -198,8 +198,7 @@ def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
     env = load_env("arithmetic")
     config = CollectConfig(env=env, policy=tiny_server, episodes=3, out=tmp_path / "t.jsonl",
                            tokenizer=str(tiny_model_dir), split="test",
-                           sampling=SamplingParams(max_new_tokens=16, temperature=0.0),
-                           limits=RolloutLimits(max_turns=2))
+                           sampling=SamplingParams(temperature=0.0), limits={"max_turns": 2, "max_new_tokens": 16})
     summary = collect(config)
     assert summary["episodes"] == 3 and summary["statuses"].get("error", 0) == 0
     stored = list(read_trajectories(config.out))
