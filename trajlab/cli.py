@@ -58,8 +58,9 @@ def envs(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
     docs: Annotated[Path | None, typer.Option(help="Write a Markdown page per env (tools from their schemas).")] = None,
 ):
-    """List the registered environments and their tools."""
+    """List the registered environments and their tools (an env that cannot load says what it needs)."""
     from trajlab.env.registry import load_env, registered_names
+    from trajlab.errors import MissingDependency
 
     if docs is not None:
         from trajlab.env.docs import write_env_docs
@@ -70,7 +71,11 @@ def envs(
 
     rows = []
     for name in registered_names():
-        spec = load_env(name)
+        try:
+            spec = load_env(name)
+        except MissingDependency as exc:
+            rows.append({"name": name, "description": "", "tools": [], "unavailable": str(exc)})
+            continue
         rows.append({"name": name, "description": spec.description, "tools": spec.tools})
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
@@ -81,7 +86,7 @@ def envs(
             f"{t['function']['name']}({', '.join(t['function']['parameters'].get('properties', {}))})"
             for t in row["tools"]
         )
-        table.add_row(row["name"], row["description"], tools)
+        table.add_row(row["name"], row["description"], escape(row.get("unavailable", tools)))
     console.print(table)
 
 

@@ -2,6 +2,9 @@ import asyncio
 import itertools
 import json
 import random
+import subprocess
+import sys
+import textwrap
 import time
 
 import pydantic
@@ -348,3 +351,41 @@ def test_under_trl_the_final_answer_scores_the_first_turn():
     rewards = env_reward([solved, silent, still_calling], completions=[answered, answered, calling])
     assert rewards == [pytest.approx(1 / len(entry.question)), 0.0, 0.0]
 
+
+WITHOUT_BFCL_EVAL = "import sys\nsys.modules['bfcl_eval'] = None  # as if bfcl-eval were not installed\n"
+INSTALL_LINE = ("The bfcl environment needs the 'bfcl_eval' package, which is not installed: pip install --no-deps "
+                "bfcl-eval==2026.3.23 mpmath filelock (--no-deps: bfcl-eval declares about 150 dependencies it does "
+                "not use)")
+
+
+def python(code):
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_without_bfcl_eval_the_other_envs_load_and_bfcl_says_what_to_install():
+    out = python(WITHOUT_BFCL_EVAL + textwrap.dedent("""
+        from trajlab.env import load_env
+        from trajlab.errors import MissingDependency
+        for name in ("arithmetic", "driving", "guess", "wordle"):
+            assert load_env(name).tools
+        try:
+            load_env("bfcl")
+        except MissingDependency as exc:
+            print(exc)
+    """))
+    assert out == INSTALL_LINE + "\n"
+
+
+def test_the_registry_and_the_other_envs_never_import_bfcl_eval():
+    out = python(textwrap.dedent("""
+        import sys
+        import trajlab, trajlab.cli
+        from trajlab.env import load_env, registered_names
+        for name in registered_names():
+            if name != "bfcl":
+                load_env(name).tools
+        print("bfcl_eval" in sys.modules)
+    """))
+    assert out == "False\n"

@@ -22,6 +22,9 @@ then a short answer) needs up to 15 model turns; with trajlab's tiny tokenizers 
 turns up to 3.5k and ``long_context`` episodes up to about 75k (file listings, long histories). The spec's limits
 say so (16 model turns, 80,000 tokens per episode, 4,096 per turn); ``collect`` and ``eval`` use them unless told
 otherwise.
+
+Needs ``bfcl-eval`` (``pip install --no-deps bfcl-eval==2026.3.23 mpmath filelock``); without it, loading this env
+raises :class:`~trajlab.errors.MissingDependency` and every other env works as before.
 """
 
 from __future__ import annotations
