@@ -34,11 +34,11 @@ def replay_timed(entry, totals: dict[str, float]) -> None:
             started = time.perf_counter()
             for call in step:
                 bind_tool(env, call.name)(**call.arguments)
-            env._next_user_message(None)
+            env.next_user_message(None)
             totals["calls_s"] += time.perf_counter() - started
             totals["calls"] += len(step)
         started = time.perf_counter()
-        env._next_user_message("Done.")
+        env.next_user_message("Done.")
         totals["scoring_s"] += time.perf_counter() - started
         totals["turns"] += 1
     if env.reward != 1.0:

@@ -1,12 +1,16 @@
 """Each CLI command end to end, with tiny budgets."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
 from trajlab.data.store import read_trajectories
+from trajlab.env.registry import registered_names
 
 runner = CliRunner()
 
@@ -99,3 +103,31 @@ def test_evolve_says_what_is_wrong(tmp_path, tiny_model_dir):
     assert "The oracle cannot reflect" in error("--env", "arithmetic", "--policy", "oracle", "--out", tmp_path)
     assert "no tool(s) ['divide']" in error("--env", "arithmetic", "--policy", "oracle", "--tool", "divide",
                                               "--reflection", tiny_model_dir, "--out", tmp_path / "t")
+
+
+def test_envs_lists_an_env_that_cannot_load_with_what_it_needs():
+    from tests.env.test_bfcl import INSTALL_LINE, WITHOUT_BFCL_EVAL
+
+    def envs(*args):
+        code = WITHOUT_BFCL_EVAL + f"from trajlab.cli import app\napp({['envs', *args]!r})"
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "COLUMNS": "1000"})
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    rows = {row["name"]: row for row in json.loads(envs("--json"))}
+    assert rows["bfcl"] == {"name": "bfcl", "unavailable": INSTALL_LINE}
+    assert all("unavailable" not in row and row["tools"] for name, row in rows.items() if name != "bfcl")
+    table = envs()
+    assert INSTALL_LINE in table and "submit(answer)" in table
+
+
+@pytest.mark.parametrize("env", sorted(set(registered_names()) - {"ctf"}))
+def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_dir):
+    out = tmp_path / "demos.jsonl"
+    result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tiny_model_dir, "--episodes", 4,
+                    "--split", "test", "--out", out)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(out))
+    assert len(trajectories) == 4 and all(t.status == "success" for t in trajectories), [
+        (t.status, t.stop_reason) for t in trajectories]

@@ -278,6 +278,20 @@ def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = Fal
     return out
 
 
+def default_model_dir() -> Path:
+    """Where the tiny offline default model lives (``$TRAJLAB_HOME/tiny-model``, else under ``~/.cache/trajlab``)."""
+    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
+
+
+def ensure_default_model() -> Path:
+    """The default model's directory, built on first use: what a command without a model (the oracle's tokens,
+    ``trajlab.check_env``) renders its tokens with."""
+    path = default_model_dir()
+    if not (path / "config.json").exists():
+        init_tiny_model(path, overwrite=True)
+    return path
+
+
 def _require_local(name_or_path: str | Path, what: str) -> str:
     """Fail early, naming the path, instead of letting transformers report a hub lookup that cannot happen here."""
     path = Path(name_or_path)
@@ -289,18 +303,6 @@ def _require_local(name_or_path: str | Path, what: str) -> str:
     if not path.is_dir():
         raise NotADirectoryError(f"cannot load {what}: {path} is a file, not a model directory")
     return str(path)
-
-
-def default_model_dir() -> Path:
-    """Where the tiny offline default model lives; built on first use."""
-    return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
-
-
-def ensure_default_model() -> Path:
-    path = default_model_dir()
-    if not (path / "config.json").exists():
-        init_tiny_model(path, overwrite=True)
-    return path
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:

@@ -2,6 +2,9 @@ import asyncio
 import itertools
 import json
 import random
+import subprocess
+import sys
+import textwrap
 import time
 
 import pydantic
@@ -210,7 +213,7 @@ def test_two_episodes_of_one_entry_share_no_state_and_bfcl_globals_stay_untouche
     first.mkdir(dir_name="temp")
     assert "temp" in first.ls() and "temp" not in second.ls()
     assert "temp" not in str(first._truth["GorillaFileSystem"].root), "ground-truth instances are separate"
-    assert first._next_user_message("Done.") == second._next_user_message("Done.") == entry.question[1][0]["content"]
+    assert first.next_user_message("Done.") == second.next_user_message("Done.") == entry.question[1][0]["content"]
     assert first._solved == [False] == second._solved  # neither moved final_report.pdf: ground truth ran in each
     assert set(vars(multi_turn_utils)) == before, "bfcl_eval's module-global instance cache is never used"
 
@@ -259,7 +262,7 @@ def test_held_out_function_is_unknown_until_its_turn_then_announced_and_callable
     assert env.sort(file_name="final_report.pdf") == "Error: function 'sort' is not available in this conversation."
     assert "sort" not in {t["function"]["name"] for t in env.episode_tools}
     for _ in range(3):
-        message = env._next_user_message("ok")
+        message = env.next_user_message("ok")
     assert "sort" in {t["function"]["name"] for t in env.episode_tools} and json.loads(message.splitlines()[0])
     assert not env.sort(file_name="final_report.pdf").startswith("Error: function")
 
@@ -285,7 +288,7 @@ def test_the_step_limit_force_advances_the_turn_and_counts_it_failed():
     for step in steps[:3]:
         for call in step:
             getattr(env, call.name)(**call.arguments)
-        replies.append(env._next_user_message(None))
+        replies.append(env.next_user_message(None))
     assert replies[:2] == [None, None] and replies[2] == entry.question[1][0]["content"]
     assert env.metrics["force_advanced"] == 1 and env._solved == [False] and env.turn_rewards == [0.0]
 
@@ -347,3 +350,42 @@ def test_under_trl_the_final_answer_scores_the_first_turn():
                {"role": "tool", "content": "..."}]
     rewards = env_reward([solved, silent, still_calling], completions=[answered, answered, calling])
     assert rewards == [pytest.approx(1 / len(entry.question)), 0.0, 0.0]
+
+
+WITHOUT_BFCL_EVAL = "import sys\nsys.modules['bfcl_eval'] = None  # as if bfcl-eval were not installed\n"
+INSTALL_LINE = ("The bfcl environment needs the 'bfcl_eval' package, which is not installed: pip install --no-deps "
+                "bfcl-eval==2026.3.23 mpmath filelock (--no-deps: bfcl-eval declares about 150 dependencies it does "
+                "not use)")
+
+
+def python(code):
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_without_bfcl_eval_the_other_envs_load_and_bfcl_says_what_to_install():
+    out = python(WITHOUT_BFCL_EVAL + textwrap.dedent("""
+        from trajlab.env import load_env
+        from trajlab.errors import MissingDependency
+        for name in ("arithmetic", "driving", "guess", "wordle"):
+            assert load_env(name).tools
+        try:
+            load_env("bfcl")
+        except MissingDependency as exc:
+            print(exc)
+    """))
+    assert out == INSTALL_LINE + "\n"
+
+
+def test_the_registry_and_the_other_envs_never_import_bfcl_eval():
+    out = python(textwrap.dedent("""
+        import sys
+        import trajlab, trajlab.cli
+        from trajlab.env import load_env, registered_names
+        for name in registered_names():
+            if name != "bfcl":
+                load_env(name).tools
+        print("bfcl_eval" in sys.modules)
+    """))
+    assert out == "False\n"

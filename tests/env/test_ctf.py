@@ -325,8 +325,12 @@ def test_encodings_round_trip_and_chains_stay_readable():
         assert peel(encoded.strip()) == FAKE_FLAG
 
 
-def test_sandboxes_are_removed_at_reset_at_the_end_and_with_the_env():
-    env = started(task_of("service"))
+def test_sandboxes_are_removed_at_close_at_reset_at_the_end_and_with_the_env():
+    env = started(task_of("hidden"))
+    closed = sandbox_dir(env)
+    env.close()
+    assert not closed.exists()
+    env.reset(**task_of("service"))
     first = sandbox_dir(env)
     env.reset(**task_of("hidden"))
     second = sandbox_dir(env)

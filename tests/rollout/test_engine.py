@@ -5,14 +5,18 @@ on purpose. Real-model rollouts are tested in tests/inference/test_hf.py.
 """
 
 import asyncio
+import threading
 import time
 
 import pytest
 
 from trajlab.chat.parsers import get_parser
 from trajlab.env import Environment
+from trajlab.env.limits import EpisodeLimits
+from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
-from trajlab.inference.base import GenerationRequest, GenerationResult
+from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.rollout import engine as engine_module
 from trajlab.rollout.engine import Episode, RolloutEngine
 
 
@@ -79,7 +83,7 @@ def call(name: str, args: str) -> str:
 
 def make_engine(tokenizer, template, texts, **limits):
     return RolloutEngine(SPEC, ReplayText(tokenizer, texts), tokenizer, chat_template=template,
-                         parser=get_parser("hermes"), limits=dict(tool_timeout_s=0.2, **limits))
+                         parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2, **limits})
 
 
 def check_tokens(trajectory, tokenizer, template, add_generation_prompt=False):
@@ -211,7 +215,7 @@ class Conversation(Environment):
         """
         return str(a * b)
 
-    def _next_user_message(self, answer):
+    def next_user_message(self, answer):
         if answer is None:
             return None
         self.answers.append(answer)
@@ -260,3 +264,102 @@ def test_episode_tools_must_be_tools_of_the_class(tiny_tokenizer, tiny_template)
                            tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"))
     trajectory = asyncio.run(engine.run_episode(Episode("l", {})))
     assert trajectory.status == "error" and "names ['rm'], which are not tools of the class" in trajectory.error
+
+
+class Closing(Flaky):
+    """Records its close() calls; fails to close when the task says so."""
+
+    closed: list[str] = []
+
+    def reset(self, **task):
+        self.task = task
+        return super().reset(**task)
+
+    def close(self):
+        Closing.closed.append(self.task.get("name", "?"))
+        if self.task.get("bad_close"):
+            raise OSError("disk gone")
+
+
+def test_close_is_called_once_for_every_episode_however_it_ends(tiny_tokenizer, tiny_template):
+    spec = EnvSpec(name="closing", env_cls=Closing, system_prompt="Test.")
+    texts = [call("boom", '{"x": 1}'), call("finish", "{}")]
+    engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, texts), tiny_tokenizer, chat_template=tiny_template,
+                           parser=get_parser("hermes"))
+    Closing.closed.clear()
+    tasks = {"ok": {}, "reset raises": {"explode": True}, "close raises": {"bad_close": True}}
+    with engine:
+        results = asyncio.run(engine.run([Episode(name, {"name": name, **task}) for name, task in tasks.items()],
+                                         concurrency=3))
+    by_id = {t.id: t for t in results}
+    assert sorted(Closing.closed) == sorted(tasks), "one close() per episode, also after reset or a tool raised"
+    assert by_id["ok"].status == "success" and by_id["ok"].error is None
+    assert by_id["ok"].metrics["tool_errors/exception"] == 1
+    assert by_id["reset raises"].status == "error" and by_id["reset raises"].error == "RuntimeError: reset failed"
+    assert by_id["close raises"].status == "success", "the episode's outcome stands; the failed close is recorded"
+    assert by_id["close raises"].error == "close() failed: OSError: disk gone"
+
+
+class Stuck(Flaky):
+    def hang(self) -> str:
+        """Block far past the timeout."""
+        time.sleep(2.0)
+        return "late"
+
+
+def trajlab_threads():
+    return [thread for thread in threading.enumerate() if thread.name.startswith("trajlab-stuck")]
+
+
+def test_a_stuck_tool_never_starves_other_episodes_and_closing_the_engine_stops_its_threads(
+        tiny_tokenizer, tiny_template):
+    spec = EnvSpec(name="stuck", env_cls=Stuck, system_prompt="Test.")
+    texts = [call("hang", "{}"), call("add", '{"a": 1, "b": 2}'), call("finish", "{}")]
+    engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, texts), tiny_tokenizer, chat_template=tiny_template,
+                           parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2})
+    started = time.perf_counter()
+    results = asyncio.run(engine.run([Episode(str(i), {}) for i in range(6)], concurrency=2))
+    assert time.perf_counter() - started < 1.5, "six episodes, each with a stuck tool, ran without waiting for one"
+    assert all(t.status == "success" and t.metrics["tool_errors/timeout"] == 1 for t in results)
+    assert all(t.messages[5]["content"] == "3" for t in results), "the call after a timeout got a thread at once"
+    assert engine._threads.size == 2, "threads are sized by the episodes in flight"
+    derived = engine.with_env(spec.with_tool_descriptions({"add": "Add two numbers."}))
+    assert derived._threads is engine._threads, "an engine derived with with_env shares its threads"
+    derived.close()
+    assert not engine._threads.closed, "only the owner closes them"
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(engine.run_episode(Episode("late", {})))
+    deadline = time.monotonic() + 5
+    while trajlab_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not trajlab_threads(), "every thread exits: idle ones at close, stuck ones when their call returns"
+
+
+def test_limits_are_the_envs_own_with_the_users_overrides(tiny_tokenizer, tiny_template):
+    spec = EnvSpec(name="limited", env_cls=Flaky, limits=EpisodeLimits(max_turns=3, max_new_tokens=40))
+    engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, []), tiny_tokenizer, chat_template=tiny_template,
+                           parser=get_parser("hermes"), sampling=SamplingParams(max_new_tokens=999, temperature=0.5),
+                           limits={"max_turns": 5, "max_new_tokens": None})
+    assert engine.limits == EpisodeLimits(max_turns=5, max_new_tokens=40)
+    assert engine.sampling.max_new_tokens == 40 and engine.sampling.temperature == 0.5
+    assert engine.with_env(spec).limits == engine.limits
+
+    mixture = EnvMixture({"limited": spec, "plain": EnvSpec(name="plain", env_cls=Flaky)})
+    with engine_module.make_engine(mixture, ReplayText(tiny_tokenizer, []), tiny_tokenizer, chat_template=tiny_template,
+                     parser=get_parser("hermes"), limits={"tool_timeout_s": 1.0}) as mixed:
+        assert mixed.engines["limited"].limits == EpisodeLimits(max_turns=3, max_new_tokens=40, tool_timeout_s=1.0)
+        assert mixed.engines["plain"].limits == EpisodeLimits(tool_timeout_s=1.0)
+    assert all(sub._threads.closed for sub in mixed.engines.values()), "a mixture closes its envs' engines"
+
+
+def test_an_episodes_group_is_recorded_and_turns_read_the_vocabulary_no_more(
+        tiny_tokenizer, tiny_template, monkeypatch):
+    texts = [call("add", '{"a": 1, "b": 1}')] * 3 + [call("finish", "{}")]
+    engine = make_engine(tiny_tokenizer, tiny_template, texts)
+    reads = []
+    real = tiny_tokenizer.get_vocab
+    monkeypatch.setattr(tiny_tokenizer, "get_vocab", lambda: reads.append(1) or real())
+    trajectory = asyncio.run(engine.run_episode(Episode("e", {}, group="task-7")))
+    assert trajectory.group == "task-7" and trajectory.metrics["turns"] == 4
+    assert reads == [], "the vocabulary is read when the engine is built, not on every turn"

@@ -8,6 +8,7 @@ training-safe variant or refused.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Literal
 
@@ -172,6 +173,14 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.tools = tools
         self.chat_template = chat_template
+        # Read once: it scans the vocabulary (150k entries for real models), and every turn needs it.
+        self._end_of_turn = end_of_turn_texts(tokenizer)
+
+    def with_tools(self, tools: list[dict[str, Any]]) -> ChatTemplate:
+        """The same template rendering other tools (an episode offering some tools only), sharing what was read."""
+        other = copy.copy(self)
+        other.tools = tools
+        return other
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = False) -> str:
         return render(self.tokenizer, messages, self.tools, add_generation_prompt=add_generation_prompt,
@@ -221,7 +230,7 @@ class ChatTemplate:
         """Split the rendered assistant turn into what the model generates and what the template adds after it."""
         before = self.render(history, add_generation_prompt=True)
         block = self.render(history + [message])[len(before):]
-        ends = [block.rfind(text) + len(text) for text in end_of_turn_texts(self.tokenizer) if text in block]
+        ends = [block.rfind(text) + len(text) for text in self._end_of_turn if text in block]
         cut = max(ends) if ends else len(block)
         return block[:cut], block[cut:]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from trajlab.cli.common import Sets, console, load
@@ -45,7 +46,7 @@ def envs(
     table = Table("env", "description", "tools", "default limits")
     for row in rows:
         if "unavailable" in row:
-            table.add_row(row["name"], f"[yellow]unavailable:[/] {row['unavailable']}", "", "")
+            table.add_row(row["name"], f"[yellow]unavailable:[/] {escape(row['unavailable'])}", "", "")
             continue
         tools = "\n".join(f"{t['function']['name']}({', '.join(t['function']['parameters'].get('properties', {}))})"
                           for t in row["tools"])

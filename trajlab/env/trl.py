@@ -12,6 +12,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from trajlab.env.base import EnvHandle
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 
@@ -46,16 +47,17 @@ def trl_environment_factory(env: EnvSpec | EnvMixture) -> type | dict[str, type]
 def env_reward(environments: list[Any], completions: list[Any] | None = None, **_: Any) -> list[float]:
     """TRL reward function: the reward each episode's env holds when the episode ends.
 
-    An env of several user turns (``_next_user_message``, e.g. BFCL) scores a turn when the model answers it; TRL runs
+    An env of several user turns (``next_user_message``, e.g. BFCL) scores a turn when the model answers it; TRL runs
     only the first turn and never says it ended, so a final answer (a last assistant message without tool calls) is
     handed to the env first, as trajlab's engine would.
     """
     rewards = []
-    for index, env in enumerate(environments):
+    for index, instance in enumerate(environments):
+        env = EnvHandle(instance)
         answer = _final_answer(completions[index]) if completions is not None else None
-        if answer is not None and not env.done and hasattr(env, "_next_user_message"):
-            env._next_user_message(answer)
-        rewards.append(float(env.reward))
+        if answer is not None and not env.done:
+            env.next_user_message(answer)
+        rewards.append(env.reward)
     return rewards
 
 

@@ -82,13 +82,14 @@ def evolve(
     system_prompt = policy.system_prompt if policy.system_prompt is not None else spec.system_prompt or ""
     tools = [tool["function"]["name"] for tool in spec.tools] if settings.tools == "all" else settings.tools
     candidate = seed_candidate(spec, system_prompt, tools)
-    adapter = TrajlabAdapter(build_engine(policy), weights=settings.rewards, concurrency=policy.concurrency)
-    reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
-                                       temperature=settings.reflection_temperature)
-    return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
-                      seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,
-                      reflection_minibatch_size=settings.minibatch_size, use_merge=settings.use_merge, seed=seed,
-                      log=log)
+    with build_engine(policy) as engine:  # the policy is checked before the reflection model
+        reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
+                                           temperature=settings.reflection_temperature)
+        adapter = TrajlabAdapter(engine, weights=settings.rewards, concurrency=policy.concurrency)
+        return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
+                          seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,
+                          reflection_minibatch_size=settings.minibatch_size, use_merge=settings.use_merge, seed=seed,
+                          log=log)
 
 
 def _own_model(policy: CollectConfig) -> str:

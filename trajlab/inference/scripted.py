@@ -28,10 +28,11 @@ class ScriptedGenerator:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.name = name
+        self._chat = ChatTemplate(tokenizer, [], chat_template)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         message = self.policy(request.task, request.messages)
-        chat = ChatTemplate(self.tokenizer, request.tools, self.chat_template)
+        chat = self._chat.with_tools(request.tools)
         ids = chat.encode(chat.assistant_text(request.messages, message))
         if len(ids) > request.params.max_new_tokens:
             return GenerationResult(ids[: request.params.max_new_tokens], [None] * request.params.max_new_tokens,

@@ -112,8 +112,7 @@ def collect(
 ) -> dict[str, Any]:
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
-    engine = build_engine(config)
-    with TrajectoryStore(config.out) as store:
+    with build_engine(config) as engine, TrajectoryStore(config.out) as store:
         todo = [episode for episode in episodes if episode.id not in store.ids]
         done = len(episodes) - len(todo)
         if on_progress:

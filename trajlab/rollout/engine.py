@@ -6,26 +6,29 @@ template's delta (loss mask 0). Nothing is re-tokenized, so a trajectory trains 
 
 Many episodes run at once on one event loop: while one waits on a tool, others generate, and a batching generator
 serves their turns together. Every failure is stored in the trajectory record; one bad episode never stops a batch.
+Every episode's env is closed (its ``close()`` hook) when the episode ends, however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Self
 
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ParsedResponse, ToolCallParser
 from trajlab.chat.template import ChatTemplate, stop_token_ids
+from trajlab.env.base import EnvHandle
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import GenerationRequest, Generator, SamplingParams
-from trajlab.rollout.tools import execute_tool
+from trajlab.rollout.tools import ToolThreads, execute_tool
 from trajlab.rollout.types import Status, TokenRecord, Trajectory
 
 EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
@@ -38,11 +41,15 @@ class Episode:
     id: str
     task: dict[str, Any]
     split: str | None = None
-    group: str | None = None  # rollouts compared with each other for advantages (copied to the trajectory)
+    group: str | None = None
+    """Copied into ``Trajectory.group``: episodes compared with each other for advantages (RL: one task's samples)."""
 
 
 class EpisodeRunner:
-    """Runs many episodes at once on one event loop; subclasses say how one episode runs."""
+    """Runs many episodes at once on one event loop; subclasses say how one episode runs.
+
+    A runner holds threads for env code: close it when done (``with engine:`` or :meth:`close`).
+    """
 
     async def run_episode(self, episode: Episode) -> Trajectory:
         raise NotImplementedError
@@ -72,6 +79,15 @@ class EpisodeRunner:
         await asyncio.gather(*(one(episode) for episode in episodes))
         return results
 
+    def close(self) -> None:
+        """Release the runner's threads; running it again afterwards is an error."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _check(self, episodes: list[Episode]) -> None:
         """Refuse episodes this runner cannot run, before any of them starts."""
 
@@ -80,14 +96,15 @@ class RolloutEngine(EpisodeRunner):
     """Runs episodes of one environment with one generator.
 
     Args:
-        env: the environment spec (a fresh env instance is made per episode).
+        env: the environment spec (a fresh env instance is made per episode, and closed when it ends).
         generator: the policy backend.
         tokenizer: the policy's tokenizer.
         chat_template: a prefix-preserving template (see ``trajlab.chat.template.resolve_chat_template``).
         parser: turns model text into tool calls.
         sampling: sampling settings for every turn (stop tokens default to the template's end-of-turn tokens; the
-            tokens per turn are the limits' ``max_new_tokens``).
-        limits: the user's episode limits; each one not given (or None) is the env's own (``EnvSpec.limits``).
+            per-turn ``max_new_tokens`` is the limits', whatever ``sampling`` says).
+        limits: the user's overrides of the env's own limits (``EnvSpec.limits``), as ``EpisodeLimits`` field
+            names; None values keep the env's. The result is :attr:`limits`.
         system_prompt: overrides the env's default system prompt; "" means none.
     """
 
@@ -108,124 +125,141 @@ class RolloutEngine(EpisodeRunner):
         self.tokenizer = tokenizer
         self.parser = parser
         self.limit_overrides = dict(limits or {})
-        self.limits = env.limits.override(**self.limit_overrides)
-        sampling = replace(sampling or SamplingParams(), max_new_tokens=self.limits.max_new_tokens)
+        self.limits: EpisodeLimits = env.limits.override(**self.limit_overrides)
+        sampling = sampling or SamplingParams()
         if not sampling.stop_token_ids:
             sampling = replace(sampling, stop_token_ids=tuple(stop_token_ids(tokenizer)))
-        self.sampling = sampling
+        self.sampling = replace(sampling, max_new_tokens=self.limits.max_new_tokens)
         self.system_prompt = env.system_prompt if system_prompt is None else system_prompt
         self.tools = env.tools
         self.chat_template = chat_template
         self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
-        self._tool_pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="trajlab-tool")
+        self._threads = ToolThreads(f"trajlab-{env.name}")
+        self._owns_threads = True
 
     def with_env(self, env: EnvSpec) -> RolloutEngine:
         """An engine for ``env`` (e.g. the same env with other tool descriptions) with this one's policy, parser,
-        sampling, limits and system prompt."""
-        return RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
-                             parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
-                             system_prompt=self.system_prompt)
+        sampling, limit overrides and system prompt. It shares this engine's threads: closing this one closes both."""
+        engine = RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
+                               parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
+                               system_prompt=self.system_prompt)
+        engine._threads, engine._owns_threads = self._threads, False
+        return engine
+
+    def close(self) -> None:
+        """Stop the threads of env code (a timed-out tool's thread exits when its call returns)."""
+        if self._owns_threads:
+            self._threads.close()
 
     async def run_episode(self, episode: Episode) -> Trajectory:
-        """Run one episode to its end; errors are recorded in the trajectory, never raised."""
+        """Run one episode to its end and close its env; errors are recorded in the trajectory, never raised."""
+        if self._threads.closed:
+            raise RuntimeError(f"The engine of '{self.env.name}' is closed; make a new one to run more episodes.")
         started = time.perf_counter()
-        state = _EpisodeState(episode=episode, messages=[])
-        try:
-            await self._play(state)
-        except Exception as exc:
-            state.status, state.stop_reason = "error", "exception"
-            state.error = f"{type(exc).__name__}: {exc}"
+        state = _EpisodeState(episode=episode)
+        with self._threads.episode():  # a thread per episode in flight: none waits for another's tool
+            try:
+                await self._play(state)
+            except Exception as exc:
+                state.fail(exc)
+            finally:
+                await self._close_env(state)
         state.counters["wall_s"] = time.perf_counter() - started
         return self._record(state)
 
     async def _play(self, state: _EpisodeState) -> None:
-        env = state.env_instance = self.env.make()
-        observation = await asyncio.get_running_loop().run_in_executor(
-            self._tool_pool, lambda: env.reset(**state.episode.task)
-        )
+        """The episode, top to bottom: start it, then model turns until one ends it or the turns run out."""
+        await self._start(state)
+        for turn in range(self.limits.max_turns):
+            stop = await self._turn(state, turn)
+            if stop is not None:
+                state.stop_reason = stop
+                return
+        state.stop_reason = "max_turns"
+
+    async def _start(self, state: _EpisodeState) -> None:
+        """Make and reset the env, choose the episode's tools and tokenize the first prompt."""
+        state.env = env = EnvHandle(self.env.make())
+        observation = await self._threads.call(functools.partial(env.reset, state.episode.task))
         first_user = observation if observation is not None else state.episode.task.get("prompt")
         if first_user is None:
             raise ValueError("reset() returned no observation and the task has no 'prompt' field")
         state.tools = self._episode_tools(env)
-        chat = self.chat if state.tools is self.tools else ChatTemplate(self.tokenizer, state.tools, self.chat_template)
+        state.chat = self.chat if state.tools is self.tools else self.chat.with_tools(state.tools)
         if self.system_prompt:
             state.messages.append({"role": "system", "content": self.system_prompt})
         state.messages.append({"role": "user", "content": str(first_user)})
-        state.tokens = TokenRecord(prompt_ids=chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
+        state.tokens = TokenRecord(prompt_ids=state.chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
                                    logprobs=[])
 
-        for turn in range(self.limits.max_turns):
-            budget = self.limits.max_episode_tokens - len(state.tokens.prompt_ids) - len(state.tokens.completion_ids)
-            if budget <= 0:
-                state.stop_reason = "max_episode_tokens"
-                return
-            params = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
-            request = GenerationRequest(
-                prompt_ids=state.tokens.prompt_ids + state.tokens.completion_ids,
-                params=params,
-                messages=[dict(m) for m in state.messages],
-                tools=state.tools,
-                task=state.episode.task,
-            )
-            result = await self.generator.generate(request)
-            state.tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
-            state.counters["turns"] += 1
-            state.counters["model_tokens"] += len(result.token_ids)
-            if result.text_only:  # re-tokenized reply text: the record is not token-exact, and says so
-                state.counters["text_only"] = 1.0
+    async def _turn(self, state: _EpisodeState, turn: int) -> str | None:
+        """One model turn: generate, parse, act, observe. Returns the stop reason when the episode ends here."""
+        tokens, env = state.tokens, state.env
+        budget = self.limits.max_episode_tokens - len(tokens.prompt_ids) - len(tokens.completion_ids)
+        if budget <= 0:
+            return "max_episode_tokens"
+        params = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
+        prompt_ids = tokens.prompt_ids + tokens.completion_ids
 
-            text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
-            if result.finish_reason == "length":
-                state.turn_rewards.append(0.0)
-                # The turn was cut mid-way: keep its text, but do not act on a half-written call.
-                state.messages.append({"role": "assistant", "content": text})
-                state.stop_reason = "max_new_tokens" if params.max_new_tokens < budget else "max_episode_tokens"
-                return
-            prefix = self.tokenizer.decode(request.prompt_ids[-64:], skip_special_tokens=False)
-            parsed = self.parser.parse(text, prefix=prefix)
-            if parsed.errors:
-                # A turn with a malformed call executes none of its calls, and the record keeps what the model
-                # wrote (minus the stop token) so the messages still match the tokens.
-                raw = self.tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
-                parsed = ParsedResponse(content=raw, errors=parsed.errors)
-            state.messages.append(_assistant_message(parsed, turn))
-            acting = bool(parsed.tool_calls or parsed.errors)
-            reward_before = float(env.reward or 0.0)
-            calls_rewarded = len(env.turn_rewards or [])
-            new_messages = await self._observe(state, env, parsed, turn) if acting else []
-            if not parsed.errors and not env.done:
-                follow_up = await self._next_user_message(env, None if acting else parsed.content)
-                if follow_up is not None:
-                    new_messages.append({"role": "user", "content": str(follow_up)})
-            state.turn_rewards.append(
-                sum(env.turn_rewards[calls_rewarded:]) if env.turn_rewards is not None
-                else float(env.reward or 0.0) - reward_before
-            )
-            if not new_messages:  # the model answered and nobody speaks next
-                state.tokens.extend(chat.closing_ids(state.messages), trained=False)
-                state.stop_reason = "env_done" if env.done else "no_tool_call"
-                return
-            ending = bool(env.done) or turn == self.limits.max_turns - 1
-            obs_ids = chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
-            state.messages.extend(new_messages)
-            state.tokens.extend(obs_ids, trained=False)
-            if env.done:
-                state.stop_reason = "env_done"
-                return
-        state.stop_reason = "max_turns"
+        # --- generate: the model's tokens go into the record exactly as returned ---
+        result = await self.generator.generate(GenerationRequest(
+            prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages], tools=state.tools,
+            task=state.episode.task))
+        tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
+        state.counters["turns"] += 1
+        state.counters["model_tokens"] += len(result.token_ids)
+        if result.text_only:  # re-tokenized reply text: the record is not token-exact, and says so
+            state.counters["text_only"] = 1.0
+        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=False)
+        if result.finish_reason == "length":
+            state.turn_rewards.append(0.0)
+            # The turn was cut mid-way: keep its text, but do not act on a half-written call.
+            state.messages.append({"role": "assistant", "content": text})
+            return "max_new_tokens" if params.max_new_tokens < budget else "max_episode_tokens"
 
-    async def _observe(
-        self, state: _EpisodeState, env: Any, parsed: ParsedResponse, turn: int
-    ) -> list[dict[str, Any]]:
-        """Execute the turn's tool calls in order and build the observation messages."""
+        # --- parse ---
+        parsed = self.parser.parse(text, prefix=self.tokenizer.decode(prompt_ids[-64:], skip_special_tokens=False))
+        if parsed.errors:
+            # A turn with a malformed call executes none of its calls, and the record keeps what the model
+            # wrote (minus the stop token) so the messages still match the tokens.
+            raw = self.tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
+            parsed = ParsedResponse(content=raw, errors=parsed.errors)
+        state.messages.append(_assistant_message(parsed, turn))
+
+        # --- act: run the calls, let the env speak next, credit the turn's reward ---
+        acting = bool(parsed.tool_calls or parsed.errors)
+        reward_before, calls_rewarded = env.reward, len(env.turn_rewards or [])
+        new_messages = await self._act(state, parsed, turn) if acting else []
+        if not parsed.errors and not env.done:
+            answer = None if acting else parsed.content
+            follow_up = await self._threads.call(functools.partial(env.next_user_message, answer))
+            if follow_up is not None:
+                new_messages.append({"role": "user", "content": str(follow_up)})
+        turn_rewards = env.turn_rewards
+        state.turn_rewards.append(sum(turn_rewards[calls_rewarded:]) if turn_rewards is not None
+                                  else env.reward - reward_before)
+
+        # --- observe: the template's delta for the new messages, not trained on ---
+        if not new_messages:  # the model answered and nobody speaks next
+            tokens.extend(state.chat.closing_ids(state.messages), trained=False)
+            return "env_done" if env.done else "no_tool_call"
+        ending = env.done or turn == self.limits.max_turns - 1
+        obs_ids = state.chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
+        state.messages.extend(new_messages)
+        tokens.extend(obs_ids, trained=False)
+        return "env_done" if env.done else None
+
+    async def _act(self, state: _EpisodeState, parsed: ParsedResponse, turn: int) -> list[dict[str, Any]]:
+        """Execute the turn's tool calls in order; the messages carry their results and any parse errors."""
+        env = state.env
         new_messages = []
         for index, call in enumerate(parsed.tool_calls):
             state.counters["tool_calls"] += 1
             if env.done:
                 content, error = "Error: the episode is over; this call was not executed.", "episode_over"
             else:
-                outcome = await execute_tool(env, call.name, call.arguments, self._callable_schemas(env, state),
-                                             timeout_s=self.limits.tool_timeout_s, executor=self._tool_pool)
+                outcome = await execute_tool(env, call.name, call.arguments, self._callable_schemas(state),
+                                             timeout_s=self.limits.tool_timeout_s, threads=self._threads)
                 content, error = outcome.content, outcome.error
             if error is not None:
                 state.counters["tool_errors"] += 1
@@ -239,42 +273,47 @@ class RolloutEngine(EpisodeRunner):
             new_messages.append({"role": "user", "content": f"Nothing in your last turn was executed. {note}"})
         return new_messages
 
-    def _episode_tools(self, env: Any) -> list[dict[str, Any]]:
+    async def _close_env(self, state: _EpisodeState) -> None:
+        """The env's lifecycle end, however the episode ended; a failing ``close()`` is recorded, never raised."""
+        if state.env is None:
+            return
+        try:
+            await self._threads.call(state.env.close, timeout_s=self.limits.tool_timeout_s)
+        except TimeoutError:
+            state.add_error(f"close() did not finish within {self.limits.tool_timeout_s:g} seconds")
+        except Exception as exc:
+            state.add_error(f"close() failed: {type(exc).__name__}: {exc}")
+
+    def _episode_tools(self, env: EnvHandle) -> list[dict[str, Any]]:
         """The tools shown to the model this episode: the env's ``episode_tools`` if it set them, else all.
 
         Either way the schemas shown are the spec's, so a tool it describes differently
         (``EnvSpec.tool_descriptions``) is shown with that description.
         """
-        chosen = getattr(env, "episode_tools", None)
+        chosen = env.episode_tools
         if chosen is None:
             return self.tools
         offered = {tool["function"]["name"]: tool for tool in self.tools}
         unknown = sorted({schema["function"]["name"] for schema in chosen} - set(offered))
         if unknown:
             raise ValueError(
-                f"{type(env).__name__}.episode_tools names {unknown}, which are not tools of the class: every tool "
-                "offered in an episode must be a public method of the env."
+                f"{type(env.env).__name__}.episode_tools names {unknown}, which are not tools of the class: every "
+                "tool offered in an episode must be a public method of the env."
             )
         return [offered[schema["function"]["name"]] for schema in chosen]
 
-    def _callable_schemas(self, env: Any, state: _EpisodeState) -> dict[str, dict[str, Any]]:
+    def _callable_schemas(self, state: _EpisodeState) -> dict[str, dict[str, Any]]:
         """Tools the model may call now: the episode's list as the env holds it now (it may have announced more)."""
-        tools = getattr(env, "episode_tools", None) or state.tools
+        tools = state.env.episode_tools or state.tools
         return {schema["function"]["name"]: schema for schema in tools}
 
-    async def _next_user_message(self, env: Any, answer: str | None) -> str | None:
-        hook = getattr(env, "_next_user_message", None)
-        if hook is None:
-            return None
-        return await asyncio.get_running_loop().run_in_executor(self._tool_pool, hook, answer)
-
     def _record(self, state: _EpisodeState) -> Trajectory:
-        env = state.env_instance
-        reward = float(getattr(env, "reward", 0.0) or 0.0) if env is not None else 0.0
+        env = state.env
+        reward = env.reward if env is not None else 0.0
         status: Status
         if state.status == "error":
             status = "error"
-        elif env is not None and _succeeded(env, reward):
+        elif env is not None and env.success:
             status = "success"
         elif state.stop_reason in ("max_turns", "max_episode_tokens", "max_new_tokens"):
             status = "truncated"
@@ -282,9 +321,7 @@ class RolloutEngine(EpisodeRunner):
             status = "failure"
         metrics = {name: float(value) for name, value in state.counters.items()}
         if env is not None:
-            for name, value in (getattr(env, "metrics", None) or {}).items():
-                if isinstance(value, int | float):
-                    metrics[f"env/{name}"] = float(value)
+            metrics |= {f"env/{name}": value for name, value in env.metrics.items()}
         return Trajectory(
             id=state.episode.id,
             env=self.env.name,
@@ -307,8 +344,9 @@ class RolloutEngine(EpisodeRunner):
 class MixtureEngine(EpisodeRunner):
     """Runs episodes of several envs with one generator: each episode goes to the engine of its task's env.
 
-    The envs share the generator, so their turns batch together; each keeps its own tools, system prompt and
-    tool-call validation, and each trajectory is recorded under its own env's name.
+    The envs share the generator, so their turns batch together; each keeps its own tools, system prompt, limits
+    (the user's overrides applied to each env's own) and tool-call validation, and each trajectory is recorded under
+    its own env's name.
     """
 
     def __init__(self, mixture: EnvMixture, generator: Generator, tokenizer: PreTrainedTokenizerBase,
@@ -316,6 +354,10 @@ class MixtureEngine(EpisodeRunner):
         self.mixture = mixture
         self.engines = {name: RolloutEngine(spec, generator, tokenizer, **options)
                         for name, spec in mixture.specs.items()}
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
 
     def _check(self, episodes: list[Episode]) -> None:
         for episode in episodes:  # a task for no env of the mixture is a caller's error: say so before any work
@@ -336,11 +378,14 @@ def make_engine(
 
 @dataclass
 class _EpisodeState:
+    """What one episode has built so far; the engine's steps read and extend it."""
+
     episode: Episode
-    messages: list[dict[str, Any]]
-    tokens: TokenRecord | None = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    env: EnvHandle | None = None
     tools: list[dict[str, Any]] | None = None  # the tools shown this episode
-    env_instance: Any = None
+    chat: ChatTemplate | None = None  # the template with those tools
+    tokens: TokenRecord | None = None
     status: Status | None = None
     stop_reason: str = ""
     error: str | None = None
@@ -349,10 +394,12 @@ class _EpisodeState:
         default_factory=lambda: defaultdict(float, dict.fromkeys(EPISODE_COUNTERS, 0.0))
     )
 
+    def fail(self, exc: Exception) -> None:
+        self.status, self.stop_reason = "error", "exception"
+        self.add_error(f"{type(exc).__name__}: {exc}")
 
-def _succeeded(env: Any, reward: float) -> bool:
-    verdict = getattr(env, "success", None)
-    return bool(verdict) if verdict is not None else reward >= 1.0
+    def add_error(self, message: str) -> None:
+        self.error = message if self.error is None else f"{self.error}; {message}"
 
 
 def _call_id(turn: int, index: int) -> str:

@@ -148,6 +148,7 @@ def run_rl(
         if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
             _checkpoint(accelerator, out_dir, step + 1)
     metrics_file.close()
+    engine.close()
 
     final = out_dir / "final"
     if accelerator.is_main_process:

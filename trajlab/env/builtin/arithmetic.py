@@ -13,6 +13,7 @@ from typing import Any
 
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 
 SYMBOLS = {"add": "+", "subtract": "-", "multiply": "*"}
@@ -138,4 +139,6 @@ SYSTEM_PROMPT = (
     "then submit the final value."
 )
 
-SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# Three tool calls solve a task; the other turns are room for a mistake or two.
+SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
+               limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128))

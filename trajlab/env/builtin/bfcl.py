@@ -19,8 +19,12 @@ With ``check_irrelevance: false`` in a task, calls in such turns go unchecked, a
 
 Episodes are long: up to 8 user turns, so the reference policy (all of a turn's ground-truth calls in one message,
 then a short answer) needs up to 15 model turns; with trajlab's tiny tokenizers prompts take 2k to 8k tokens, model
-turns up to 3.5k and ``long_context`` episodes up to about 75k (file listings, long histories). Run ``collect`` /
-``eval`` with limits to match, e.g. ``--max-turns 16 --max-episode-tokens 80000 --max-new-tokens 4096``.
+turns up to 3.5k and ``long_context`` episodes up to about 75k (file listings, long histories). The spec's limits
+say so (16 model turns, 80,000 tokens per episode, 4,096 per turn); ``collect`` and ``eval`` use them unless told
+otherwise.
+
+Needs ``bfcl-eval`` (``pip install --no-deps bfcl-eval==2026.3.23 mpmath filelock``); without it, loading this env
+raises :class:`~trajlab.errors.MissingDependency` and every other env works as before.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from trajlab.env.builtin.bfcl_data import (
     response_checker,
     state_checker,
 )
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
@@ -99,7 +104,7 @@ class BFCL(Environment):
                         "force_advanced": 0, "steps": 0, "tool_calls": 0}
         return self._user_message(0)
 
-    def _next_user_message(self, answer: str | None) -> str | None:
+    def next_user_message(self, answer: str | None) -> str | None:
         """After an answer, score the turn and give the next one; after a tool-calling turn, enforce the step limit."""
         if self.done:
             return None
@@ -229,10 +234,10 @@ def replay(task: dict[str, Any], turns: Sequence[Sequence[Sequence[Call]]], env:
             for call in step:
                 with contextlib.suppress(pydantic.ValidationError):
                     bind_tool(env, call.name)(**call.arguments)
-            if env._next_user_message(None) is not None or env.done:
+            if env.next_user_message(None) is not None or env.done:
                 break  # the step limit ended the turn; its remaining steps are not played
         else:
-            env._next_user_message("Done.")
+            env.next_user_message("Done.")
     return env
 
 
@@ -259,4 +264,5 @@ _STYLE = PROMPT_STYLE_TEMPLATES["classic"]
 SYSTEM_PROMPT = f"{_STYLE['persona']} {_STYLE['task']}\n\n{_STYLE['multiturn_behavior']}"
 
 SPEC = EnvSpec(name="bfcl", env_cls=BFCL, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               splits=("train", "validation", "test"), metadata={"bfcl_eval": version("bfcl-eval")})
+               splits=("train", "validation", "test"), metadata={"bfcl_eval": version("bfcl-eval")},
+               limits=EpisodeLimits(max_turns=16, max_episode_tokens=80_000, max_new_tokens=4096))

@@ -22,9 +22,15 @@ from typing import Annotated, Any
 
 from pydantic import SkipValidation
 
+from trajlab.errors import require
+
 # bfcl_eval's config module creates result folders under BFCL_PROJECT_ROOT (next to site-packages by default) when
 # imported; point it at a per-process temp path first, so importing trajlab's env never writes into the venv.
 os.environ.setdefault("BFCL_PROJECT_ROOT", os.path.join(tempfile.gettempdir(), f"trajlab-bfcl-{os.getpid()}"))
+
+require("bfcl_eval", feature="The bfcl environment",
+        install="pip install --no-deps bfcl-eval==2026.3.23 mpmath filelock (--no-deps: bfcl-eval declares about 150 "
+                "dependencies it does not use)")
 
 # isort: off
 from bfcl_eval.constants.default_prompts import (  # noqa: E402 (re-exported for the env)

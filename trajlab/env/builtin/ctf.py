@@ -21,8 +21,9 @@ limits. Four kinds of challenge, each seeded by the task:
   built from user input (injection).
 
 Reward: 1.0 only when ``submit_flag`` gets this episode's flag exactly; after 3 wrong submissions the episode ends
-with 0. Nothing a command or tool prints counts. The sandboxes are removed when the episode ends, when ``reset``
-starts the next one, and when the env is garbage-collected.
+with 0. Nothing a command or tool prints counts. The sandboxes are removed when the episode ends, in ``close``
+(which trajlab's engine calls after every episode), when ``reset`` starts the next one, and, for runners that never
+call ``close`` (TRL), when the env is garbage-collected.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ MAX_CONNECTIONS = 20
 
 
 def _cleanup(sandboxes: list[Sandbox]) -> None:
-    """Remove an episode's sandboxes; also the env's weakref finalizer, so it must not hold the env."""
+    """Remove an episode's sandboxes; also the env's weakref finalizer (for runners that never call ``close``), so it
+    must not hold the env."""
     while sandboxes:
         sandboxes.pop().cleanup()
 
@@ -186,6 +188,11 @@ class CTF(Environment):
             return (f"Error: {tool} does not apply to this challenge: it is a '{self.kind}' challenge, and only "
                     f"'{kind}' challenges have {what}. Use run and submit_flag.")
         return None
+
+    def close(self) -> None:
+        """Remove this episode's sandboxes (their processes and files)."""
+        _cleanup(self._sandboxes)
+        self._sandbox = self._service = None
 
     def _new_sandbox(self, limits: SandboxLimits) -> Sandbox:
         sandbox = Sandbox(limits)

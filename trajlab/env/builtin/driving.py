@@ -31,6 +31,7 @@ from typing import Any
 
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 
 STEP_S = 0.5  # simulated time every tool call takes before its action
@@ -299,4 +300,6 @@ SYSTEM_PROMPT = (
     "every tool call takes time while the car keeps moving. Hit nobody and nothing, and keep a margin."
 )
 
-SPEC = EnvSpec(name="driving", env_cls=Driving, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# The episode ends after MAX_TOOL_CALLS calls at the latest.
+SPEC = EnvSpec(name="driving", env_cls=Driving, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
+               limits=EpisodeLimits(max_turns=MAX_TOOL_CALLS + 2, max_episode_tokens=2048, max_new_tokens=128))

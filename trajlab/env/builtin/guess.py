@@ -8,6 +8,7 @@ from typing import Any
 
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 
 HIGHS = (16, 32, 64, 100)
@@ -76,4 +77,6 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
 
 SYSTEM_PROMPT = "You play a guessing game. Use the guess tool; read each hint and narrow the range."
 
-SPEC = EnvSpec(name="guess", env_cls=GuessNumber, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# At most 8 guesses (a range up to 100), plus room for a malformed call or two.
+SPEC = EnvSpec(name="guess", env_cls=GuessNumber, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
+               limits=EpisodeLimits(max_turns=10, max_episode_tokens=2048, max_new_tokens=128))

@@ -17,6 +17,7 @@ from typing import Any
 
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
+from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 
 WORD_LENGTH = 5
@@ -171,4 +172,6 @@ SYSTEM_PROMPT = (
     "only guess words that fit all the feedback so far."
 )
 
-SPEC = EnvSpec(name="wordle", env_cls=Wordle, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT)
+# Six guesses, plus room for a malformed call or two.
+SPEC = EnvSpec(name="wordle", env_cls=Wordle, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
+               limits=EpisodeLimits(max_turns=MAX_GUESSES + 2, max_episode_tokens=2048, max_new_tokens=128))
