@@ -12,6 +12,7 @@ from trajlab.env import load_env
 from trajlab.env.registry import EnvSpec, registered_names
 from trajlab.errors import UserError
 
+
 @pytest.mark.parametrize("name", sorted(registered_names()))
 def test_every_builtin_env_passes(name, tiny_model_dir):
     report = check_env(name, tokenizer=tiny_model_dir)
