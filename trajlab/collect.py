@@ -28,7 +28,7 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import init_tiny_model, load_model, load_tokenizer
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, RolloutLimits, make_engine
-from trajlab.rollout.types import Trajectory
+from trajlab.rollout.types import Trajectory, task_id
 
 
 @dataclass
@@ -82,8 +82,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         cycle, task_index = divmod(task_index, len(tasks))
         task = tasks[task_index]
         sample += cycle * config.samples_per_task
-        task_key = f"{task[ENV_COLUMN]}/{task['task_id']}" if ENV_COLUMN in task else task["task_id"]
-        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}{tag}"
+        key = f"{task[ENV_COLUMN]}/{task_id(task)}" if ENV_COLUMN in task else task_id(task)
+        episode_id = f"{config.env.name}:{config.split}:{config.seed}:{key}:{sample}{tag}"
         episodes.append(Episode(id=episode_id, task=task, split=config.split))
     return episodes
 
