@@ -47,6 +47,7 @@ class Episode:
     id: str
     task: dict[str, Any]
     split: str | None = None
+    group: str | None = None
 
 
 class EpisodeRunner:
@@ -306,6 +307,7 @@ class RolloutEngine(EpisodeRunner):
             error=state.error,
             policy=self.generator.name,
             split=state.episode.split,
+            group=state.episode.group,
         )
 
 
