@@ -47,7 +47,7 @@ from trajlab.train.advantages import (
     spread_over_turns,
     turn_rewards_with_terminal,
 )
-from trajlab.train.sft import lora_config
+from trajlab.train.lora import lora_config
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
