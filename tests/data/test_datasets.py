@@ -29,15 +29,13 @@ from trajlab.data.filters import (
     failures,
     shortest_success_per_task,
     successes,
-    task_id,
-    task_key,
     within_tokens,
 )
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import load_model
 from trajlab.rollout.engine import Episode, RolloutEngine
-from trajlab.rollout.types import TokenRecord, Trajectory
+from trajlab.rollout.types import TokenRecord, Trajectory, task_id
 
 # --- hand-made trajectories --------------------------------------------------------------------------------------
 
@@ -130,13 +128,18 @@ def render(tokenizer, template, messages, tools):
 # --- filters -----------------------------------------------------------------------------------------------------
 
 
-def test_task_key_uses_task_id_else_a_stable_content_hash():
-    assert task_key(make(0, task={"task_id": "abc", "x": 1})) == "toy:abc"
-    assert task_id({"task_id": 7}) == "7"
+def test_a_task_is_its_env_and_task_id_in_every_grouping():
+    """Two envs may both have a task ``abc`` (or the same row without an id): two tasks for every filter and dataset."""
     one, same = {"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"d": 3, "c": 2}, "a": 1}
-    assert task_id(one) == task_id(same) and task_id(one).startswith("sha256:")
-    assert task_id(one) != task_id({"a": 2, "b": {"c": 2, "d": 3}})
-    assert task_key(make(0, task=one)) != task_key(make(0, task=one, env="other"))
+    for task in ({"task_id": "abc", "x": 1}, one):
+        ts = [make(0, task=task), make(1, task=task, n_tokens=3), make(2, task=task, env="other")]
+        assert [t.id for t in shortest_success_per_task(ts)] == ["ep1", "ep2"]
+        rl = rl_dataset(ts)
+        assert list(zip(rl["env"], rl["task_id"], strict=True)) == [("toy", task_id(task)), ("other", task_id(task))]
+        assert sft_dataset(ts)["task_id"] == [task_id(task)] * 3
+    assert sft_dataset([make(0, task={"task_id": "abc", "x": 1})])["task_id"] == ["abc"]
+    # key order does not make another task; the id written is the one evaluation reports use
+    assert rl_dataset([make(0, task=one), make(1, task=same)])["task_id"] == ["task-f85d0f485672"]
 
 
 def test_successes_and_failures_leave_errors_out():
@@ -219,10 +222,10 @@ def test_sft_without_token_records_has_no_token_columns_and_converts_for_trl(cap
 def test_rl_dataset_has_one_row_per_task(real):
     ds = rl_dataset(real)
     assert ds.column_names == ["env", "task_id", "task", "split"]
-    tasks = {task_key(t): t.task for t in real}
+    tasks = {(t.env, task_id(t.task)): t.task for t in real}
     assert len(ds) == len(tasks) == 8  # 5 arithmetic tasks (solved and failed), 3 guess tasks
     for row in decoded_rows(ds):
-        assert row["task"] == tasks[f"{row['env']}:{row['task_id']}"] and row["split"] == "train"
+        assert row["task"] == tasks[row["env"], row["task_id"]] and row["split"] == "train"
     plain = rl_dataset([t.task for t in real], env="arithmetic", split="test")
     assert len(plain) == 8 and set(plain["split"]) == {"test"}
     with pytest.raises(ValueError, match="env="):
@@ -238,7 +241,7 @@ def test_preference_pairs_a_success_and_a_failure_of_the_same_task(real, tiny_to
     assert len(ds) == 5  # one per arithmetic task; guess tasks have no failure
     for row in decoded_rows(ds):
         win, loss = by_id[row["chosen_id"]], by_id[row["rejected_id"]]
-        assert task_key(win) == task_key(loss) == f"{row['env']}:{row['task_id']}"
+        assert (win.env, task_id(win.task)) == (loss.env, task_id(loss.task)) == (row["env"], row["task_id"])
         assert (win.status, loss.status) == ("success", "failure")
         assert (row["chosen_reward"], row["rejected_reward"]) == (win.reward, loss.reward) == (1.0, 0.0)
         assert all(m["role"] != "assistant" for m in row["prompt"]) and row["chosen"][0]["role"] == "assistant"

@@ -27,6 +27,7 @@ from trajlab.evolution.reflection import LocalReflection
 from trajlab.evolution.run import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.types import task_id
 
 
 def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
@@ -66,6 +67,20 @@ def test_failing_episode_scores_zero_with_its_error(tiny_tokenizer, tiny_templat
     broken = result.trajectories[1]
     assert "KeyError" in broken["transcript"] and "error: KeyError" in broken["feedback"]
     assert "no operands" in result.trajectories[1]["task"]
+
+
+def test_a_task_without_an_id_is_named_by_its_content_hash(tiny_tokenizer, tiny_template, tmp_path: Path):
+    adapter = make_adapter(tiny_tokenizer, tiny_template)
+    task = {key: value for key, value in tasks("train", 1)[0].items() if key != "task_id"}
+    reordered = dict(reversed(task.items()))
+    with adapter.recording(tmp_path / "rollouts.jsonl"):
+        result = adapter.evaluate([task, reordered], {COMPONENT: SEED_PROMPT})
+    assert result.scores == [1.0, 1.0]
+    assert [output["task_id"] for output in result.outputs] == [task_id(task)] * 2
+    assert task_id(task).startswith("task-")
+    # the same row in another key order is the same task: one episode, named by the task's id
+    assert [t.id.endswith(f":{task_id(task)}") for t in read_trajectories(tmp_path / "rollouts.jsonl")] == [True]
+    assert adapter.rollouts == 1
 
 
 def test_evolution_raises_the_held_out_score(tiny_tokenizer, tiny_template, tmp_path: Path):

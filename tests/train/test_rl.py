@@ -1,15 +1,21 @@
 """The RL trainer on the real tiny model: loss direction, masking, a short run, resume, LoRA + KL."""
 
+import asyncio
 import json
 
+import pytest
 import torch
 from accelerate import Accelerator
 
+from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.env import load_env
+from trajlab.env.mixture import load_envs
+from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import load_model, load_tokenizer
-from trajlab.rollout.types import TokenRecord, Trajectory
+from trajlab.rollout.engine import make_engine
+from trajlab.rollout.types import TokenRecord, Trajectory, task_id
 from trajlab.train import rl
 from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, _token_logprobs, _update, run_rl
 
@@ -32,6 +38,37 @@ def masked_logprob(model, batch):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     lp = torch.log_softmax(logits, -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
     return (lp * batch["loss_mask"][:, 1:]).sum().item()
+
+
+def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_are_never_parsed(tiny_model_dir):
+    mixture = load_envs("arithmetic,guess")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    step_tasks = [{**task, "task_id": "0"} for _, task in zip(range(2), mixture.iter_tasks("train"), strict=False)]
+    assert [task["env"] for task in step_tasks] == ["arithmetic", "guess"]
+    episodes = [e for i, task in enumerate(step_tasks) for e in rl._group_episodes(3, i, task, group_size=2)]
+    engine = make_engine(mixture, ScriptedGenerator(mixture.oracle, tokenizer, template), tokenizer,
+                         chat_template=template, parser=get_parser("auto", tokenizer))
+    trajectories = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)  # the engine returns them as done
+    assert [(t.env, task_id(t.task), t.group) for t in trajectories] == [
+        ("arithmetic", "0", "rl:3:0"), ("arithmetic", "0", "rl:3:0"), ("guess", "0", "rl:3:1"), ("guess", "0", "rl:3:1")
+    ]
+    rewards = [1.0, 0.0, 1.0, 1.0]  # arithmetic's group has signal, guess's is flat
+    settings = RLSettings(estimator="dr_grpo", credit="trajectory")
+
+    def per_rollout(ts):
+        advantages, flat = rl._advantages(ts, rewards, settings)
+        values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit} for adv, t in zip(advantages, ts,
+                                                                                                        strict=True)]
+        return values, flat
+
+    # One group of four (by task id) would give 0.25, -0.75, 0.25, 0.25 and no flat group.
+    assert per_rollout(trajectories) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
+    # Ids in any format, even ones whose prefixes would all say "one group": grouping follows Trajectory.group only.
+    renamed = [t.model_copy(update={"id": f"same:{n}"}) for n, t in enumerate(trajectories)]
+    assert per_rollout(renamed) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
+    with pytest.raises(ValueError, match="has no group"):
+        rl._advantages([t.model_copy(update={"group": None}) for t in trajectories], rewards, settings)
 
 
 def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_tokenizer):

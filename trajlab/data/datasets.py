@@ -52,8 +52,8 @@ import pyarrow.parquet as pq
 from datasets.features.features import get_nested_type
 from datasets.table import InMemoryTable
 
-from trajlab.data.filters import shortest_success_per_task, successes, task_id, task_key, within_tokens
-from trajlab.rollout.types import Trajectory
+from trajlab.data.filters import shortest_success_per_task, successes, within_tokens
+from trajlab.rollout.types import Trajectory, task_id
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _sft_row(t: Trajectory) -> dict[str, Any]:
 def rl_dataset(
     ts_or_tasks: Iterable[Trajectory | dict[str, Any]], *, env: str | None = None, split: str | None = None
 ) -> datasets.Dataset:
-    """The tasks to roll out in RL: one row per distinct task (``task_key``), first occurrence first.
+    """The tasks to roll out in RL: one row per distinct task (``(env, task_id)``), first occurrence first.
 
     Columns: ``env, task_id, task, split``; ``task`` is the JSON text of the row passed to ``env.reset(**task)``.
     Trajectories give their own env and split; plain task rows (a tasks file) take ``env`` and ``split`` from the
@@ -162,7 +162,7 @@ def rl_dataset(
         ValueError: a plain task row was given without ``env``.
     """
     rows: list[dict[str, Any]] = []
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for item in ts_or_tasks:
         if isinstance(item, Trajectory):
             row = {"env": item.env, "task_id": task_id(item.task), "task": item.task, "split": item.split}
@@ -170,7 +170,7 @@ def rl_dataset(
             raise ValueError("rl_dataset got a plain task row: pass env=NAME (and split=) to say where it runs.")
         else:
             row = {"env": env, "task_id": task_id(item), "task": dict(item), "split": split}
-        key = f"{row['env']}:{row['task_id']}"
+        key = (row["env"], row["task_id"])
         if key not in seen:
             seen.add(key)
             rows.append(row)
@@ -190,12 +190,12 @@ def preference_dataset(ts: Iterable[Trajectory]) -> datasets.Dataset:
     Columns: ``prompt, chosen, rejected, tools, task_id, env, chosen_reward, rejected_reward, chosen_id,
     rejected_id``. Note that TRL's DPOTrainer trains on every completion token, tool results included.
     """
-    groups: dict[tuple[str, str, str], tuple[list[Trajectory], list[Trajectory]]] = {}
+    groups: dict[tuple[str, str, str, str], tuple[list[Trajectory], list[Trajectory]]] = {}
     for t in ts:
         cut = _first_assistant(t.messages)
         if t.status == "error" or cut is None:
             continue
-        key = (task_key(t), _dumps(t.messages[:cut]), _dumps(t.tools))
+        key = (t.env, task_id(t.task), _dumps(t.messages[:cut]), _dumps(t.tools))
         wins, losses = groups.setdefault(key, ([], []))
         (wins if t.status == "success" else losses).append(t)
     rows = []

@@ -8,29 +8,9 @@ the policy and are never training data.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
-from typing import Any
 
-from trajlab.rollout.types import Trajectory
-
-
-def task_id(task: dict[str, Any]) -> str:
-    """The task's own ``task_id``, or a stable hash of its content when it has none.
-
-    The hash is over the task as JSON with sorted keys, so the same task gets the same id in every run and process
-    (Python's ``hash`` is salted per process).
-    """
-    if "task_id" in task:
-        return str(task["task_id"])
-    text = json.dumps(task, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def task_key(t: Trajectory) -> str:
-    """``env:task_id``: identifies a task across envs (two envs may both have a task ``"0"``)."""
-    return f"{t.env}:{task_id(t.task)}"
+from trajlab.rollout.types import Trajectory, task_id
 
 
 def successes(ts: Iterable[Trajectory]) -> list[Trajectory]:
@@ -71,15 +51,15 @@ def within_tokens(ts: Iterable[Trajectory], max_tokens: int) -> list[Trajectory]
 
 
 def shortest_success_per_task(ts: Iterable[Trajectory]) -> list[Trajectory]:
-    """For each task (``task_key``), the success with the fewest tokens: the most direct demonstration.
+    """For each task (``(env, task_id)``), the success with the fewest tokens: the most direct demonstration.
 
     Length is the total token count when every success of the task has a token record, else the number of model
     turns (a token count and a turn count cannot be compared). Ties go to the earliest. The result keeps the input
     order.
     """
-    by_task: dict[str, list[tuple[int, Trajectory]]] = {}
+    by_task: dict[tuple[str, str], list[tuple[int, Trajectory]]] = {}
     for position, t in enumerate(successes(ts)):
-        by_task.setdefault(task_key(t), []).append((position, t))
+        by_task.setdefault((t.env, task_id(t.task)), []).append((position, t))
     chosen: list[tuple[int, Trajectory]] = []
     for candidates in by_task.values():
         measured = [total_tokens(t) for _, t in candidates]

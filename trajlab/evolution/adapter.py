@@ -24,7 +24,7 @@ from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.rewards import REWARDS, check_weights, score
-from trajlab.rollout.types import Trajectory
+from trajlab.rollout.types import Trajectory, task_id
 
 MAX_FIELD_CHARS = 300
 """Longer tool results and messages are cut in transcripts: the reflection LM needs the shape, not every byte."""
@@ -89,7 +89,7 @@ class TrajlabAdapter:
     ) -> EvaluationBatch:
         """Roll out ``candidate`` on every task of ``batch``; a failed episode scores 0 and its trace says why."""
         key = _candidate_key(candidate)
-        episodes = [Episode(id=f"evolve:{key}:{task_key(task)}", task=dict(task)) for task in batch]
+        episodes = [Episode(id=f"evolve:{key}:{task_id(task)}", task=dict(task)) for task in batch]
         todo = list({e.id: e for e in episodes if e.id not in self._results}.values())
         if todo:
             asyncio.run(self._engine(candidate).run(todo, concurrency=self.concurrency, on_result=self._keep))
@@ -181,17 +181,12 @@ def feedback(trajectory: Trajectory, value: float) -> str:
 def _output(trajectory: Trajectory, value: float) -> dict[str, Any]:
     """The per-episode output GEPA keeps (plain data: it is pickled into the run directory's state)."""
     answers = [m.get("content") for m in trajectory.messages if m["role"] == "assistant" and not m.get("tool_calls")]
-    return {"task_id": trajectory.task.get("task_id"), "score": value, "status": trajectory.status,
+    return {"task_id": task_id(trajectory.task), "score": value, "status": trajectory.status,
             "final_answer": answers[-1] if answers else None, "error": trajectory.error}
 
 
 def _candidate_key(candidate: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(candidate, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def task_key(task: dict[str, Any]) -> str:
-    """A task's name in episode ids and run checks: its ``task_id``, else the row itself."""
-    return str(task.get("task_id", json.dumps(task, sort_keys=True, default=str)))
 
 
 def _first_user(trajectory: Trajectory) -> int:
@@ -209,4 +204,4 @@ def _cut(text: str) -> str:
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + " [...]"
 
 
-__all__ = ["TrajlabAdapter", "feedback", "task_key", "trace", "transcript"]
+__all__ = ["TrajlabAdapter", "feedback", "trace", "transcript"]

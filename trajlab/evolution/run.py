@@ -23,10 +23,11 @@ from gepa.strategies.eval_policy import FullEvaluationPolicy
 
 from trajlab.config import EvolveSettings
 from trajlab.env.registry import EnvSpec
-from trajlab.evolution.adapter import TrajlabAdapter, task_key
+from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.evolution.candidate import SYSTEM_PROMPT, reflection_templates, seed_candidate
 from trajlab.evolution.reflection import ReflectionLM, load_reflection_lm
 from trajlab.recipes.collect import CollectConfig, build_engine
+from trajlab.rollout.types import task_id
 
 STATE_FILE = "gepa_state.bin"
 RUN_FILE = "trajlab_run.json"
@@ -123,8 +124,8 @@ def run_evolve(
     run_dir = rollouts_path(out).parent
     policy = _ResumingEvaluation(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _check_same_run(run_dir, {"seed_candidate": seed_candidate, "train_tasks": [task_key(t) for t in trainset],
-                              "val_tasks": [task_key(t) for t in valset], "seed": seed,
+    _check_same_run(run_dir, {"seed_candidate": seed_candidate, "train_tasks": [task_id(t) for t in trainset],
+                              "val_tasks": [task_id(t) for t in valset], "seed": seed,
                               "reward_weights": adapter.weights}, resuming=policy.resuming)
     with adapter.recording(rollouts_path(out)) as store:
         earlier = len(store.ids)
@@ -145,7 +146,7 @@ def run_evolve(
             seed=seed,
         )
         rollouts = len(store.ids)
-    return write_result(result, out / "result", val_tasks=[task_key(t) for t in valset],
+    return write_result(result, out / "result", val_tasks=[task_id(t) for t in valset],
                         max_metric_calls=max_metric_calls, rollouts={"total": rollouts, "this_run": rollouts - earlier},
                         resumed=policy.resuming)
 

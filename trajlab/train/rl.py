@@ -41,14 +41,14 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
 from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
 from trajlab.rollout.rewards import score
-from trajlab.rollout.types import Trajectory
+from trajlab.rollout.types import Trajectory, task_id
 from trajlab.train.advantages import (
     group_advantages,
     group_turn_advantages,
     spread_over_turns,
     turn_rewards_with_terminal,
 )
-from trajlab.train.sft import lora_config
+from trajlab.train.lora import lora_config
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
@@ -115,13 +115,8 @@ def run_rl(
     for step in range(start, settings.steps):
         # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
         step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
-        mine = step_tasks[accelerator.process_index :: accelerator.num_processes]
-        episodes = [
-            # the task's index keeps groups apart when two envs of a mixture (or a short task cycle) repeat an id
-            Episode(f"rl:{step}:{i}:{task.get('task_id', '')}:{g}", task, split="train")
-            for i, task in enumerate(mine)
-            for g in range(settings.group_size)
-        ]
+        mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
+        episodes = [e for i in mine for e in _group_episodes(step, i, step_tasks[i], settings.group_size)]
         model.eval()
         started, calls_before = time.perf_counter(), generator.batches
         trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency))
@@ -164,13 +159,31 @@ def _task_stream(env: EnvSpec | EnvMixture, seed: int, skip: int) -> Iterator[di
     return itertools.islice(itertools.cycle(env.iter_tasks("train", seed)), skip, None)
 
 
+def _group_episodes(step: int, index: int, task: dict[str, Any], group_size: int) -> list[Episode]:
+    """The ``group_size`` rollouts of the step's ``index``-th task, compared with each other for advantages.
+
+    The group is the task's place in the step, not its id: two envs of a mixture (or a short task cycle) may repeat
+    a task id within one step, and each stays its own group.
+    """
+    group = f"rl:{step}:{index}"
+    return [Episode(f"{group}:{task_id(task)}:{g}", task, split="train", group=group) for g in range(group_size)]
+
+
 def _advantages(
     trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
 ) -> tuple[list[list[float]], float]:
-    """Token advantages per trajectory, and the share of groups whose rewards were all equal (no signal)."""
+    """Token advantages per trajectory, and the share of groups whose rewards were all equal (no signal).
+
+    Rollouts are compared within their ``Trajectory.group``.
+
+    Raises:
+        ValueError: a trajectory has no group.
+    """
     groups: dict[str, list[int]] = {}
     for index, trajectory in enumerate(trajectories):
-        groups.setdefault(trajectory.id.rsplit(":", 1)[0], []).append(index)
+        if trajectory.group is None:
+            raise ValueError(f"trajectory {trajectory.id!r} has no group: RL compares rollouts within a group")
+        groups.setdefault(trajectory.group, []).append(index)
     out: list[list[float]] = [[] for _ in trajectories]
     flat = 0
     dense_weight = settings.rewards.get("progress", 0.0)

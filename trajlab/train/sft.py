@@ -16,17 +16,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
-from trajlab.config import LoraSettings, SFTSettings
+from trajlab.config import SFTSettings
 from trajlab.models import load_model
+from trajlab.train.lora import lora_config
 
 logger = logging.getLogger(__name__)
-
-
-def lora_config(settings: LoraSettings):
-    from peft import LoraConfig
-
-    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=settings.target_modules, task_type="CAUSAL_LM")
 
 
 def training_columns(dataset: Dataset) -> Dataset:
