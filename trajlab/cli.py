@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from trajlab.errors import UserError, require
 from trajlab.inference.base import is_server_url
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ console = Console()
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(message)}")  # messages quote user input: no markup in them
+    # messages quote user input: no markup in them; soft_wrap keeps one line however narrow the terminal
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -559,8 +561,7 @@ def serve(
     device: Annotated[str, typer.Option(help="torch device for the model, e.g. cpu or cuda.")] = "cpu",
 ):
     """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
-    import uvicorn
-
+    uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
     from trajlab.proxy.server import ServeConfig, build_app
 
     if upstream is not None and (model is not None or served_model_name is not None):
@@ -629,5 +630,18 @@ def _print_summary(summary: dict, out: Path) -> None:
     console.print(table)
 
 
+def main() -> None:
+    """The ``trajlab`` command.
+
+    A :class:`UserError` (a missing optional package included) is printed as one line and exits 1; anything else is
+    a bug and keeps its traceback.
+    """
+    try:
+        app()
+    except UserError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

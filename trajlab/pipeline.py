@@ -22,6 +22,7 @@ from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.env.mixture import load_envs
+from trajlab.errors import require
 from trajlab.evaluate import EvalReport, evaluate_trajectories, save_report
 from trajlab.inference.base import SamplingParams
 from trajlab.models import init_tiny_model, load_tokenizer
@@ -35,6 +36,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    _require_extras(config)
     env = load_envs(config.env)
     base = resolve_model(config, log)
     tokenizer = load_tokenizer(base)
@@ -60,6 +62,14 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
     (run / "results.json").write_text(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
     return reports
+
+
+def _require_extras(config: PipelineConfig) -> None:
+    """Fail before the first stage, not after the ones before it, when a configured stage needs an optional package."""
+    if "evolve" in config.stages:
+        require("gepa", feature="the evolve stage", install="pip install 'trajlab[evolve]'")
+    if ("sft" in config.stages and config.sft.lora) or ("rl" in config.stages and config.rl.lora):
+        require("peft", feature="LoRA (lora: settings)", install="pip install 'trajlab[lora]'")
 
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
@@ -93,6 +103,7 @@ def _collect_config(
 def evolve_stage(config: PipelineConfig, env: Any, policy: str, out: Path, log: Log,
                  tokenizer: str | None = None) -> dict[str, Any]:
     """GEPA on ``policy`` (a model directory or server URL) with the config's rollout and evolve settings."""
+    require("gepa", feature="trajlab evolve", install="pip install 'trajlab[evolve]'")
     from trajlab.evolve.run import evolve, rollouts_path
 
     settings = config.evolve

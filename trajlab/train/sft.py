@@ -17,16 +17,16 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from trajlab.config import LoraSettings, SFTSettings
+from trajlab.errors import require
 from trajlab.models import load_model
 
 logger = logging.getLogger(__name__)
 
 
 def lora_config(settings: LoraSettings):
-    from peft import LoraConfig
-
-    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=settings.target_modules, task_type="CAUSAL_LM")
+    peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
+    return peft.LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                           target_modules=settings.target_modules, task_type="CAUSAL_LM")
 
 
 def training_columns(dataset: Dataset) -> Dataset:
