@@ -18,7 +18,7 @@ fi
 . .venv/bin/activate
 if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
-    echo "NVIDIA GPU found: installing $TORCH_SPEC (PyPI's CUDA build)"
+    echo "NVIDIA GPU found: installing $TORCH_SPEC (TORCH_SPEC picks the build your driver needs)"
   fi
   pip install --quiet "$TORCH_SPEC"
 fi
