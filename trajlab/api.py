@@ -33,7 +33,7 @@ from trajlab.config import (
 )
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec
-from trajlab.errors import UserError
+from trajlab.errors import UserError, require
 from trajlab.evaluation import EvalReport
 from trajlab.inference.policy import Policy, PolicyLike
 from trajlab.rollout.types import Trajectory
@@ -220,6 +220,7 @@ def evolve(
     Args:
         **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
     """
+    require("gepa", feature="trajlab evolve", install="pip install 'trajlab[evolve]'")
     from trajlab.evolution.run import evolve as run_evolution
     from trajlab.evolution.run import rollouts_path
 

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import click
 import typer
-from pydantic_core import PydanticUndefined
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -38,7 +37,8 @@ class ErrorsAsMessages(TyperGroup):
         except (ValueError, OSError, ModuleNotFoundError) as exc:  # UserError, ValidationError, missing files
             if os.environ.get("TRAJLAB_DEBUG"):
                 raise
-            console.print(f"[bold red]error:[/] {escape(_message(exc))}")  # messages quote input: no markup
+            # messages quote user input: no markup in them; soft_wrap keeps one line however narrow the terminal
+            console.print(f"[bold red]error:[/] {escape(_message(exc))}", soft_wrap=True)
             raise typer.Exit(code=1) from exc
 
 
@@ -52,7 +52,7 @@ def _message(exc: BaseException) -> str:
 
 def usage_error(message: str) -> typer.Exit:
     """A wrong combination of options: said in one line, exit 2 like click's own usage errors."""
-    console.print(f"[bold red]usage error:[/] {escape(message)}")
+    console.print(f"[bold red]usage error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code=2)
 
 
@@ -71,7 +71,7 @@ def setting(path: str, *flags: str, **option: Any) -> Any:
     The option's own default is None ("not given"), so only what the user typed overrides the config.
     """
     field = _field(path)
-    default = field.default if field.default is not PydanticUndefined else field.default_factory()
+    default = field.get_default(call_default_factory=True)
     shown = "" if default is None else f" [config: {path}, default: {default}]"
     return typer.Option(*flags, help=(field.description or "") + (shown or f" [config: {path}]"),
                         show_default=False, **option)

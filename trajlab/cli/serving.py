@@ -10,6 +10,7 @@ import typer
 
 from trajlab.cli.common import console, usage_error
 from trajlab.cli.rollouts import Parser
+from trajlab.errors import require
 
 
 def serve(
@@ -30,7 +31,7 @@ def serve(
     device: Annotated[str, typer.Option(help="torch device for the model, e.g. cpu or cuda.")] = "cpu",
 ):
     """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
-    import uvicorn
+    uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
 
     from trajlab.config import RolloutSettings
     from trajlab.proxy.server import ServeConfig, build_app

@@ -4,7 +4,11 @@
 recorder); ``server.build_app`` loads them from a model directory for ``trajlab serve``.
 """
 
-from trajlab.proxy.app import ServeLimits, create_app
-from trajlab.proxy.recording import SessionRecorder
+from trajlab.errors import require
+
+require("fastapi", feature="trajlab serve (and traces export)", install="pip install 'trajlab[serve]'")
+
+from trajlab.proxy.app import ServeLimits, create_app  # noqa: E402 (after the check: a missing fastapi is one line)
+from trajlab.proxy.recording import SessionRecorder  # noqa: E402
 
 __all__ = ["ServeLimits", "SessionRecorder", "create_app"]

@@ -21,6 +21,7 @@ from trajlab import api
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
+from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model
 
@@ -32,6 +33,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    _require_extras(config)
     env = config.env_spec()
     base = resolve_model(config, log)
 
@@ -60,6 +62,14 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
     (run / "results.json").write_text(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
     return reports
+
+
+def _require_extras(config: PipelineConfig) -> None:
+    """Fail before the first stage, not after the ones before it, when a configured stage needs an optional package."""
+    if "evolve" in config.stages:
+        require("gepa", feature="the evolve stage", install="pip install 'trajlab[evolve]'")
+    if ("sft" in config.stages and config.sft.lora) or ("rl" in config.stages and config.rl.lora):
+        require("peft", feature="LoRA (lora: settings)", install="pip install 'trajlab[lora]'")
 
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:

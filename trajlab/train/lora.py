@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trajlab.config import LoraSettings
+from trajlab.errors import require
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 
 def lora_config(settings: LoraSettings) -> LoraConfig:
     """A causal-LM LoRA config (``target_modules="all-linear"`` adapts every linear layer but the output head)."""
-    from peft import LoraConfig  # imported on use: a run without LoRA never loads peft
-
-    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+    peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
+    return peft.LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
                       target_modules=settings.target_modules, task_type="CAUSAL_LM")

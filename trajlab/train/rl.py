@@ -36,6 +36,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
+from trajlab.errors import require
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
@@ -79,9 +80,8 @@ def run_rl(
     # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
     policy = load_model(model_dir) if isinstance(model_dir, str | Path) else model_dir
     if settings.lora:
-        from peft import get_peft_model
-
-        policy = get_peft_model(policy, lora_config(settings.lora))
+        peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
+        policy = peft.get_peft_model(policy, lora_config(settings.lora))
     reference = None
     if settings.kl_coef > 0 and not settings.lora:  # a frozen copy of the starting weights
         reference = load_model(model_dir) if isinstance(model_dir, str | Path) else copy.deepcopy(model_dir)
