@@ -40,3 +40,32 @@ def test_overrides_win(tmp_path):
     path.write_text("env: arithmetic\nseed: 1\nrl: {steps: 3}\n")
     config = load_config(path, {"seed": 7, "rl": {"group_size": 4}})
     assert config.seed == 7 and config.rl.steps == 3 and config.rl.group_size == 4
+
+
+def test_config_show_prints_yaml_that_run_accepts_back_unchanged(tmp_path):
+    from typer.testing import CliRunner
+
+    from trajlab.cli import app
+
+    runner = CliRunner()
+
+    def show(*args):
+        result = runner.invoke(app, ["config", "show", *map(str, args)])
+        assert result.exit_code == 0, result.stdout
+        return result.stdout
+
+    # the quickstart: every default written out, and the shown file shows the same again
+    shown = show(ROOT / "configs" / "quickstart.yaml")
+    (tmp_path / "quickstart.yaml").write_text(shown)
+    assert "num_tasks:" in shown and "tool_timeout_s: null" in shown  # defaults included, env limits left to the env
+    assert show(tmp_path / "quickstart.yaml") == shown
+    assert load_config(tmp_path / "quickstart.yaml") == load_config(ROOT / "configs" / "quickstart.yaml")
+    # a small run: `trajlab run` takes the shown file as it is, and records the very same configuration
+    (tmp_path / "small.yaml").write_text("env: arithmetic\nstages: [eval]\nrollout: {max_turns: 2, max_new_tokens: 8}\n"
+                                         "eval: {num_tasks: 2}\n")
+    shown = show(tmp_path / "small.yaml", "--set", f"run_dir={tmp_path / 'run'}")
+    (tmp_path / "shown.yaml").write_text(shown)
+    result = runner.invoke(app, ["run", str(tmp_path / "shown.yaml")])
+    assert result.exit_code == 0, result.stdout
+    assert (tmp_path / "run" / "config.yaml").read_text() == shown
+    assert (tmp_path / "run" / "eval-0-untrained" / "eval.json").is_file()

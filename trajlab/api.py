@@ -266,7 +266,7 @@ def _settings(model: type[S], given: S | Mapping[str, Any]) -> S:
     except ValidationError as exc:
         from trajlab.config import describe_errors
 
-        raise UserError(f"invalid {model.__name__}:\n{describe_errors(exc, model)}") from exc
+        raise UserError(f"invalid {model.__name__}: {describe_errors(exc, model)}") from exc
 
 
 def _load_tokenizer(model: Any, tokenizer: Any) -> Any:

@@ -285,7 +285,7 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> Pipel
         ConfigError: the file is missing or not YAML, or a section or key is unknown or invalid (each named, with
             the closest valid name).
     """
-    data, source = {}, "the given settings"
+    data, source = {}, "the command's options"
     if path is not None:
         path = source = Path(path)
         try:
@@ -293,14 +293,14 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> Pipel
         except (FileNotFoundError, IsADirectoryError) as exc:
             raise ConfigError(f"{path}: no such config file") from exc
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
     _merge(data, overrides or {})
     try:
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid config:\n{describe_errors(exc)}") from exc
+        raise ConfigError(f"{source}: invalid config: {describe_errors(exc)}") from exc
 
 
 def _merge(base: dict, overrides: dict) -> None:
@@ -311,15 +311,24 @@ def _merge(base: dict, overrides: dict) -> None:
             base[key] = value
 
 
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's problem and its line and column, in one line (its own message spans several, with a caret)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def describe_errors(error: ValidationError, root: type[BaseModel] = PipelineConfig) -> str:
-    """One line per problem: where it is, what is wrong; an unknown key names the closest valid one."""
-    return "\n".join(_describe(item, root) for item in error.errors())
+    """Every problem in one line, "; "-separated: where it is, what is wrong; an unknown key names the closest valid
+    one."""
+    return "; ".join(_describe(item, root) for item in error.errors())
 
 
 def _describe(error: Any, root: type[BaseModel]) -> str:
     where = ".".join(str(part) for part in error["loc"])
     if error["type"] != "extra_forbidden":
-        return f"  {where}: {error['msg']}"
+        message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        return f"{where}: {message}"
     section: type[BaseModel] = root
     for part in error["loc"][:-1]:
         annotation = section.model_fields[str(part)].annotation
@@ -327,4 +336,4 @@ def _describe(error: Any, root: type[BaseModel]) -> str:
                         and issubclass(a, BaseModel)), section)
     close = difflib.get_close_matches(str(error["loc"][-1]), list(section.model_fields), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"  {where}: unknown key{hint}; valid keys here: {', '.join(section.model_fields)}"
+    return f"{where}: unknown key{hint} (valid keys here: {', '.join(section.model_fields)})"

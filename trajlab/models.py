@@ -255,7 +255,8 @@ def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = Fal
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{out} already exists and is not empty; pass overwrite=True to replace it")
+            raise FileExistsError(f"{out} already exists and is not empty; replace it with --overwrite "
+                                  "(overwrite=True in Python)")
         if not (out / "config.json").is_file():
             raise FileExistsError(f"{out} holds no config.json: refusing to delete a directory that is not a model")
         shutil.rmtree(out)

@@ -44,7 +44,8 @@ class ErrorsAsMessages(TyperGroup):
 
 def _message(exc: BaseException) -> str:
     if isinstance(exc, ModuleNotFoundError):
-        return f"the '{exc.name}' package is not installed ({exc}); install it, or `pip install -e '.[dev]'`"
+        return (f"the '{exc.name}' package is not installed ({exc}); install it (`pip install -e '.[test]'` "
+                "installs every optional feature)")
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)

@@ -31,6 +31,8 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
     Raises:
         StoreError: a complete line that is not a valid trajectory, naming the file and line number.
     """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such trajectory file (JSONL, as `trajlab collect` writes)")
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
@@ -42,7 +44,9 @@ def _parse_line(raw: bytes, path: str | Path, number: int) -> Trajectory:
     try:
         return Trajectory.model_validate_json(raw)
     except ValidationError as exc:
-        raise StoreError(f"{path}:{number}: not a valid trajectory: {exc}") from exc
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()[:3])
+        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+        raise StoreError(f"{path}:{number}: not a valid trajectory: {problems}{more}") from exc
 
 
 class TrajectoryStore:

@@ -127,7 +127,9 @@ def _load_entry_point(entry_point: str, name: str) -> EnvSpec:
     try:
         target = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"Cannot load environment '{entry_point}': {exc}") from exc
+        raise ValueError(f"Cannot load environment '{entry_point}': {exc}. An import path names a module importable "
+                         "here (installed, or its folder on PYTHONPATH) and an env class or EnvSpec in it, "
+                         "'module.path:Name'.") from exc
     if isinstance(target, EnvSpec):
         return target
     if isinstance(target, type):
@@ -141,8 +143,12 @@ def _load_entry_point(entry_point: str, name: str) -> EnvSpec:
 
 def read_tasks_file(path: str | Path) -> list[dict[str, Any]]:
     """Tasks from a JSONL file, one JSON object (the kwargs of ``reset``) per line."""
+    try:
+        text = Path(path).read_text()
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        raise FileNotFoundError(f"{path}: no such tasks file (JSONL: one task object per line)") from exc
     tasks = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
