@@ -122,7 +122,7 @@ def test_envs_lists_an_env_that_cannot_load_with_what_it_needs():
     assert INSTALL_LINE in table and "submit(answer)" in table
 
 
-@pytest.mark.parametrize("env", sorted(set(registered_names()) - {"ctf"}))
+@pytest.mark.parametrize("env", sorted(registered_names()))
 def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_dir):
     out = tmp_path / "demos.jsonl"
     result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tiny_model_dir, "--episodes", 4,
