@@ -43,7 +43,10 @@ def envs(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("env", "description", "tools", "default limits")
+    table = Table("env")
+    table.add_column("description", overflow="fold")  # fold, never cut: an unavailable env's install command
+    table.add_column("tools")
+    table.add_column("default limits")
     for row in rows:
         if "unavailable" in row:
             table.add_row(row["name"], f"[yellow]unavailable:[/] {escape(row['unavailable'])}", "", "")
