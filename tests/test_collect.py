@@ -25,3 +25,16 @@ def test_episode_ids_name_a_task_by_its_task_id_else_its_content_hash(tmp_path):
     assert [e.id for e in plan_episodes(config)] == [
         f"wordle,driving:test:0:{task['env']}/{task['task_id']}:0" for task in first
     ]
+
+
+def test_collected_trajectories_come_in_plan_order_whatever_order_they_finished_in(tmp_path):
+    """Episodes finish in an order that depends on timing; what SFT trains on must not (the quickstart's SFT is
+    sensitive to data order)."""
+    from trajlab.recipes.collect import collect, collected
+
+    config = CollectConfig(env=load_env("arithmetic"), policy="oracle", episodes=6, out=tmp_path / "d.jsonl",
+                           concurrency=6)
+    collect(config)
+    lines = config.out.read_text().splitlines(keepends=True)
+    config.out.write_text("".join(reversed(lines)))  # as if they had finished last to first
+    assert [t.id for t in collected(config)] == [e.id for e in plan_episodes(config)]

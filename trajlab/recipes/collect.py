@@ -89,9 +89,11 @@ def _check_env_column(env: EnvSpec | EnvMixture, task: dict[str, Any], where: st
 
 
 def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> list[Trajectory]:
-    """The stored trajectories of exactly the episodes ``config`` stands for (the file may hold others too)."""
-    wanted = {episode.id for episode in (episodes if episodes is not None else plan_episodes(config))}
-    return [t for t in read_trajectories(config.out) if t.id in wanted]
+    """The stored trajectories of exactly the episodes ``config`` stands for (the file may hold others too), in the
+    plan's order: the file is in the order episodes finished, which depends on timing, and what is trained on must not.
+    """
+    order = {episode.id: i for i, episode in enumerate(episodes if episodes is not None else plan_episodes(config))}
+    return sorted((t for t in read_trajectories(config.out) if t.id in order), key=lambda t: order[t.id])
 
 
 def build_policy(config: CollectConfig) -> Policy:

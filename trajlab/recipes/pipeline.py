@@ -24,6 +24,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model
+from trajlab.rollout.types import Trajectory
 
 Log = Callable[[str], None]
 
@@ -38,6 +39,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     base = resolve_model(config, log)
 
     current, label, reports = base, "untrained" if config.model.path is None else "base", []
+    demos: list[Trajectory] | None = None  # the collect stage's, in its plan's order
     for stage in config.stages:
         started = time.perf_counter()
         if stage == "collect":
@@ -46,7 +48,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
             rate = sum(t.status == "success" for t in demos) / len(demos)
             log(f"collect: {len(demos)} demonstrations, success rate {rate:.3f}")
         elif stage == "sft":
-            current, label = _sft(config, current, run, log), "sft"
+            current, label = _sft(config, current, run, log, demos), "sft"
         elif stage == "rl":
             current, label = _rl(config, env, current, run, log), "rl"
         elif stage == "evolve":
@@ -97,12 +99,15 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     return result / "best_candidate.json"
 
 
-def _sft(config: PipelineConfig, model: Path, run: Path, log: Log) -> Path:
+def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[Trajectory] | None) -> Path:
+    """SFT on the collect stage's demonstrations in their plan's order (the same data order every run), or, without
+    a collect stage in this run, on ``demos.jsonl`` in its file order."""
     final = run / "sft" / "final"
     if (final / "config.json").exists():
         log(f"sft: already done ({final})")
         return final
-    demos = list(read_trajectories(run / "demos.jsonl"))
+    if demos is None:
+        demos = list(read_trajectories(run / "demos.jsonl"))
     if not any(t.status == "success" for t in demos):
         statuses = sorted({f"{t.status} ({t.stop_reason})" for t in demos})
         raise ValueError(f"No successful demonstration in {run / 'demos.jsonl'} to fine-tune on (episodes ended: "
