@@ -10,7 +10,7 @@ flagged ``text_only`` (the engine marks the trajectory ``metrics["text_only"] = 
 
 Logprobs are whatever the server reports for the sampled tokens: ``trajlab serve`` reports the distribution it
 sampled from (logits / temperature, top-p truncated and renormalised) like the ``hf`` generator; vLLM by default
-reports the raw model distribution's (see its ``--logprobs-mode``; ``processed_logprobs`` matches trajlab's).
+reports the raw model distribution's (see its ``--logprobs-mode``).
 """
 
 from __future__ import annotations
