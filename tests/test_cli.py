@@ -131,3 +131,51 @@ def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_d
     trajectories = list(read_trajectories(out))
     assert len(trajectories) == 4 and all(t.status == "success" for t in trajectories), [
         (t.status, t.stop_reason) for t in trajectories]
+
+
+def test_dtype_bfloat16_on_the_cpu_loads_bfloat16_and_collect_and_eval_run(tmp_path, tiny_model_dir, monkeypatch):
+    import torch
+
+    from trajlab import models
+
+    loaded, real = [], models.load_model
+
+    def spy(*args, **kwargs):  # the real loader, watched: which device and dtype each command loaded
+        loaded.append(real(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(models, "load_model", spy)
+    out = tmp_path / "bf16.jsonl"
+    result = invoke("collect", "--env", "arithmetic", "--policy", tiny_model_dir, "--episodes", 2, "--max-new-tokens",
+                    12, "--max-turns", 1, "--device", "cpu", "--dtype", "bfloat16", "--out", out)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(out))
+    assert len(trajectories) == 2 and all(t.tokens.logprobs[-1] is not None for t in trajectories)
+    result = invoke("eval", "--env", "arithmetic", "--policy", tiny_model_dir, "--num-tasks", 2, "--max-new-tokens",
+                    12, "--max-turns", 1, "--dtype", "bfloat16", "--out", tmp_path / "eval")
+    assert result.exit_code == 0, result.stdout
+    assert [(m.device.type, m.dtype) for m in loaded] == [("cpu", torch.bfloat16)] * 2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the machines without a GPU")
+@pytest.mark.parametrize("command", [
+    ["collect", "--env", "arithmetic", "--episodes", 1, "--out", "x.jsonl", "--policy"],
+    ["eval", "--env", "arithmetic", "--num-tasks", 1, "--out", "e", "--policy"],
+    ["evolve", "--env", "arithmetic", "--out", "v", "--policy"],
+    ["rl", "--env", "arithmetic", "--out", "r", "--model"],
+    ["serve", "--model"],
+])
+def test_device_cuda_without_a_gpu_is_one_clear_line(command, tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command, tiny_model_dir, "--device", "cuda")
+    assert result.exit_code == 1
+    assert "error: device 'cuda': torch" in result.stdout and "sees no CUDA GPU on this machine" in result.stdout
+    assert len(result.stdout.strip().splitlines()) == 1
+    result = invoke(*command, tiny_model_dir, "--device", "gpu")
+    assert result.exit_code == 1
+    assert "model.device: 'gpu' is not a device: use auto, cpu, cuda or cuda:N" in result.stdout
+
+
+def test_float16_weights_are_not_trained(tmp_path, tiny_model_dir):
+    result = invoke("rl", "--env", "arithmetic", "--model", tiny_model_dir, "--out", tmp_path, "--dtype", "float16")
+    assert result.exit_code == 1 and "float16 weights cannot be trained" in result.stdout

@@ -69,3 +69,12 @@ def test_config_show_prints_yaml_that_run_accepts_back_unchanged(tmp_path):
     assert result.exit_code == 0, result.stdout
     assert (tmp_path / "run" / "config.yaml").read_text() == shown
     assert (tmp_path / "run" / "eval-0-untrained" / "eval.json").is_file()
+
+
+def test_model_device_and_dtype_are_validated():
+    assert load_config(None, {"model": {"device": "cuda:1", "dtype": "bfloat16"}}).model.device == "cuda:1"
+    assert load_config(None).model.model_dump(include={"device", "dtype"}) == {"device": "auto", "dtype": "auto"}
+    with pytest.raises(ConfigError, match=r"model\.device: 'gpu' is not a device: use auto, cpu, cuda or cuda:N"):
+        load_config(None, {"model": {"device": "gpu"}})
+    with pytest.raises(ConfigError, match=r"model\.dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"):
+        load_config(None, {"model": {"dtype": "fp16"}})

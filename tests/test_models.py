@@ -31,6 +31,8 @@ from trajlab.models import (
     init_tiny_model,
     load_model,
     load_tokenizer,
+    resolve_device,
+    resolve_dtype,
 )
 
 TOOLS = [
@@ -129,7 +131,44 @@ def test_load_model_is_eval_mode_and_honours_dtype(tiny_dir: Path) -> None:
     model = load_model(tiny_dir, dtype=torch.bfloat16)
     assert not model.training
     assert model.dtype == torch.bfloat16
+    assert load_model(tiny_dir, dtype="bfloat16").dtype == torch.bfloat16
+    assert load_model(tiny_dir, device="cpu", dtype="float16").dtype == torch.float16
     assert load_model(tiny_dir).dtype == torch.float32
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machines without a GPU")
+def test_auto_is_the_cpu_in_float32_without_a_gpu(tiny_dir: Path) -> None:
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_dtype("auto", torch.device("cpu"), saved=torch.bfloat16) == torch.float32
+    model = load_model(tiny_dir)
+    assert model.device.type == "cpu" and model.dtype == torch.float32
+    for name in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=rf"device '{name}': torch .* sees no CUDA GPU on this machine; use "
+                                             "--device cpu"):
+            load_model(tiny_dir, device=name)
+
+
+@pytest.mark.parametrize(("name", "message"), [("gpu", "not one trajlab runs on"), ("meta", "not one trajlab runs on"),
+                                               ("cuda:x", "not one trajlab runs on")])
+def test_unknown_devices_and_dtypes_are_clear_errors(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        resolve_device(name)
+    with pytest.raises(ValueError, match="use auto, float32, bfloat16 or float16"):
+        resolve_dtype("half", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("bf16", "saved", "expected"), [
+    (True, torch.bfloat16, torch.bfloat16), (True, torch.float32, torch.float32), (True, None, torch.float32),
+    (False, torch.bfloat16, torch.float32), (False, torch.float16, torch.float16),
+])
+def test_auto_dtype_on_a_gpu_is_the_checkpoints_own(monkeypatch, bf16, saved, expected) -> None:
+    # Stand-in for a GPU, which this machine lacks: only its bfloat16 support is asked.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args, **kwargs: "a GPU without bfloat16")
+    assert resolve_dtype("auto", torch.device("cuda"), saved=saved) == expected
+    if not bf16:
+        with pytest.raises(ValueError, match="does not support it"):
+            resolve_dtype("bfloat16", torch.device("cuda"))
 
 
 def test_generate_produces_new_tokens(model, tok) -> None:

@@ -27,6 +27,7 @@ from trajlab.config import (
     DatasetSettings,
     EvalSettings,
     EvolveSettings,
+    ModelSettings,
     RLSettings,
     RolloutSettings,
     SFTSettings,
@@ -56,6 +57,8 @@ def collect(
     seed: int = 0,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     on_progress: Progress | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
     **settings: Any,
 ) -> list[Trajectory]:
     """Roll ``policy`` out on ``env`` and return the trajectories.
@@ -72,6 +75,8 @@ def collect(
         seed: task order seed.
         rollout: rollout settings (limits, concurrency, parser, prompts); see ``RolloutSettings``.
         on_progress: called as episodes finish.
+        device, dtype: where a model-directory policy is loaded and in what dtype (``ModelSettings``: auto, cpu,
+            cuda, cuda:N; auto, float32, bfloat16, float16).
         **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``.
     """
     from trajlab.recipes.collect import collect as run_collection
@@ -82,7 +87,7 @@ def collect(
         config = _collect_config(env, policy, path, tokenizer=tokenizer, tasks=tasks, seed=seed,
                                  rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
                                  split=chosen.split, samples_per_task=chosen.samples_per_task,
-                                 temperature=chosen.temperature)
+                                 temperature=chosen.temperature, model=_model(device, dtype))
         run_collection(config, on_progress=on_progress)
         return collected(config)
 
@@ -98,6 +103,8 @@ def evaluate(
     rewards: Mapping[str, float] | None = None,
     label: str | None = None,
     on_progress: Progress | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
     **settings: Any,
 ) -> EvalReport:
     """Evaluate ``policy`` on held-out tasks: success rate, pass@k, mean reward and turns, error rates, per task.
@@ -126,7 +133,8 @@ def evaluate(
         config = _collect_config(env, policy, run_dir / "trajectories.jsonl", tokenizer=tokenizer, tasks=tasks,
                                  seed=chosen.seed, rollout=_settings(RolloutSettings, rollout or {}),
                                  episodes=chosen.num_tasks * chosen.samples_per_task, split=chosen.split,
-                                 samples_per_task=chosen.samples_per_task, temperature=chosen.temperature)
+                                 samples_per_task=chosen.samples_per_task, temperature=chosen.temperature,
+                                 model=_model(device, dtype))
         summary = run_collection(config, on_progress=on_progress)
         trajectories = collected(config)
         if rewards is not None:
@@ -148,6 +156,8 @@ def sft(
     seed: int = 0,
     resume: bool = False,
     dataset: DatasetSettings | Mapping[str, Any] | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
     **settings: Any,
 ) -> Path:
     """Fine-tune ``model`` on trajectories (the model's own tokens only); returns ``out/final``.
@@ -158,6 +168,7 @@ def sft(
             dataset from :func:`trajlab.data.datasets.sft_dataset`.
         out: checkpoints, then ``out/final`` (LoRA merged).
         dataset: ``DatasetSettings`` applied when ``data`` is trajectories.
+        device, dtype: where training runs and the dtype a model directory is loaded in (``ModelSettings``).
         **settings: ``SFTSettings`` fields (``epochs``, ``max_steps``, ``learning_rate``, ``lora``...).
     """
     import datasets
@@ -170,7 +181,9 @@ def sft(
         shaping = _settings(DatasetSettings, dataset or {})
         data = sft_dataset(list(data), include_failures=shaping.include_failures,
                            shortest_per_task=shaping.shortest_per_task, max_tokens=shaping.max_tokens)
-    return run_sft(model, _load_tokenizer(model, tokenizer), data, out, chosen, seed=seed, resume=resume)
+    placed = _model(device, dtype)
+    return run_sft(model, _load_tokenizer(model, tokenizer), data, out, chosen, seed=seed, resume=resume,
+                   device=placed.device, dtype=placed.dtype)
 
 
 def rl(
@@ -183,6 +196,8 @@ def rl(
     seed: int = 0,
     resume: bool = False,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
     **settings: Any,
 ) -> Path:
     """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
@@ -190,15 +205,18 @@ def rl(
     Args:
         model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
         on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
+        device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
+            loaded in (``ModelSettings``).
         **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
     """
     from trajlab.chat.template import resolve_chat_template
     from trajlab.train.rl import run_rl
 
     chosen = _settings(RLSettings, settings)
-    loaded = _load_tokenizer(model, tokenizer)
+    loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype)
     return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen,
-                  _settings(RolloutSettings, rollout or {}), out, seed=seed, resume=resume, on_step=on_step)
+                  _settings(RolloutSettings, rollout or {}), out, seed=seed, resume=resume, on_step=on_step,
+                  device=placed.device, dtype=placed.dtype)
 
 
 def evolve(
@@ -210,6 +228,8 @@ def evolve(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
     **settings: Any,
 ) -> dict[str, Any]:
     """Evolve the system prompt (and chosen tool descriptions) of ``policy`` on ``env`` with GEPA.
@@ -218,6 +238,8 @@ def evolve(
     which ``rollout={"prompt_file": ...}`` rolls out with); returns the summary.
 
     Args:
+        device, dtype: where a model-directory policy and a local reflection model are loaded, in what dtype
+            (``ModelSettings``).
         **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
     """
     require("gepa", feature="trajlab evolve", install="pip install 'trajlab[evolve]'")
@@ -227,13 +249,14 @@ def evolve(
     chosen = _settings(EvolveSettings, settings)
     config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,
                              rollout=_settings(RolloutSettings, rollout or {}), episodes=1, split="train",
-                             samples_per_task=1, temperature=chosen.temperature)
+                             samples_per_task=1, temperature=chosen.temperature, model=_model(device, dtype))
     return run_evolution(config, chosen, out, seed=seed, log=log)
 
 
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
                     tasks: Sequence[Mapping[str, Any]] | str | Path | None, seed: int, rollout: RolloutSettings,
-                    episodes: int, split: str, samples_per_task: int, temperature: float) -> Any:
+                    episodes: int, split: str, samples_per_task: int, temperature: float,
+                    model: ModelSettings) -> Any:
     from trajlab.inference.base import SamplingParams
     from trajlab.recipes.collect import CollectConfig
 
@@ -244,7 +267,13 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
+        device=model.device, dtype=model.dtype,
     )
+
+
+def _model(device: str, dtype: str) -> ModelSettings:
+    """``device`` and ``dtype`` validated as the config's ``model.device`` / ``model.dtype``."""
+    return _settings(ModelSettings, {"device": device, "dtype": dtype})
 
 
 def _env(env: EnvLike) -> EnvSpec | EnvMixture:

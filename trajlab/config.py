@@ -10,6 +10,7 @@ the closest valid name, instead of silently falling back to a default.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,11 +40,23 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+def _device_name(name: str) -> str:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise ValueError(f"{name!r} is not a device: use auto, cpu, cuda or cuda:N")
+    return name
+
+
 class ModelSettings(Section):
     path: str | None = None
     """A local Hugging Face causal-LM directory; None builds the tiny offline model."""
     init_seed: int = 0
     """Weight seed of the tiny model when ``path`` is None."""
+    device: Annotated[str, AfterValidator(_device_name)] = "auto"
+    """Where every model of the run is loaded: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
+    cuda:N."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights' dtype: auto (float32 on the CPU; on a GPU the checkpoint's own, float32 for a bfloat16 checkpoint on a
+    GPU without bfloat16), float32, bfloat16 or float16 (inference only: not trained)."""
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:

@@ -31,6 +31,8 @@ MaxNewTokens = Annotated[int | None, setting("rollout.max_new_tokens")]
 ToolTimeout = Annotated[float | None, setting("rollout.tool_timeout_s", "--tool-timeout")]
 SystemPrompt = Annotated[str | None, setting("rollout.system_prompt")]
 PromptFile = Annotated[Path | None, setting("rollout.prompt_file")]
+Device = Annotated[str | None, setting("model.device")]
+DType = Annotated[str | None, setting("model.dtype")]
 
 
 def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
@@ -70,6 +72,8 @@ def collect(
     tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
+    device: Device = None,
+    dtype: DType = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -79,8 +83,9 @@ def collect(
 
     settings = load(config, sets, {
         "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
-        "collect.temperature": temperature, "seed": seed, **_rollout(parser, concurrency, max_turns,
-        max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+        "collect.temperature": temperature, "seed": seed, "model.device": device, "model.dtype": dtype,
+        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
+                   prompt_file)})
     already: list[int] = []  # the first progress report says how many episodes were on disk
 
     with progress_bar("collect") as show:
@@ -91,6 +96,7 @@ def collect(
 
         trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                                    seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
+                                   device=settings.model.device, dtype=settings.model.dtype,
                                    **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
     table = Table(title=f"{out}", show_header=False)
@@ -137,6 +143,8 @@ def eval_run(
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
+    device: Device = None,
+    dtype: DType = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -158,11 +166,13 @@ def eval_run(
         num_tasks = max(len(read_tasks_file(tasks)), 1)
     settings = load(config, sets, {
         "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
-        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, **_rollout(parser, concurrency,
-        max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, "model.device": device,
+        "model.dtype": dtype, **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens,
+                                         tool_timeout, system_prompt, prompt_file)})
     with progress_bar("eval") as on_progress:
         report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                               rollout=settings.rollout, label=label, on_progress=on_progress,
+                              device=settings.model.device, dtype=settings.model.dtype,
                               **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")

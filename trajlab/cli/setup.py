@@ -72,7 +72,7 @@ def model_init(
         path = init_tiny_model(out_dir, seed=seed, overwrite=overwrite)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from exc
-    params = sum(p.numel() for p in load_model(path).parameters())
+    params = sum(p.numel() for p in load_model(path, device="cpu").parameters())
     elapsed = time.perf_counter() - started
     console.print(f"Wrote tiny model ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
 

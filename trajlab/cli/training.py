@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
-from trajlab.cli.rollouts import POLICY_HELP, Tokenizer
+from trajlab.cli.rollouts import POLICY_HELP, Device, DType, Tokenizer
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
                                                "model.path).")]
@@ -71,6 +71,8 @@ def sft(
                                                "(the config's sft.lora.r).")] = None,
     resume: Resume = False,
     seed: TrainSeed = None,
+    device: Device = None,
+    dtype: DType = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -83,11 +85,11 @@ def sft(
         raise usage_error("give exactly one of --from TRAJECTORIES.jsonl or --data DATASET.")
     settings = load(config, sets, {"sft.epochs": epochs, "sft.max_steps": max_steps, "sft.learning_rate": learning_rate,
                                    "sft.batch_size": batch_size, "sft.lora": {"r": lora_r} if lora_r else None,
-                                   "seed": seed})
+                                   "seed": seed, "model.device": device, "model.dtype": dtype})
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
     final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
-                    **settings.sft.model_dump())
+                    device=settings.model.device, dtype=settings.model.dtype, **settings.sft.model_dump())
     console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
 
 
@@ -107,6 +109,8 @@ def rl(
                                                "(the config's rl.lora.r).")] = None,
     resume: Resume = False,
     seed: TrainSeed = None,
+    device: Device = None,
+    dtype: DType = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -116,14 +120,15 @@ def rl(
     settings = load(config, sets, {
         "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
         "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
-        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed})
+        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed, "model.device": device, "model.dtype": dtype})
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:
         console.print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
 
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
-                   on_step=show, **settings.rl.model_dump())
+                   on_step=show, device=settings.model.device, dtype=settings.model.dtype,
+                   **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 
@@ -145,6 +150,8 @@ def evolve(
     prompt_file: Annotated[Path | None, setting("rollout.prompt_file")] = None,
     tokenizer: Tokenizer = None,
     seed: Annotated[int | None, setting("seed")] = None,
+    device: Device = None,
+    dtype: DType = None,
     sets: Sets = None,
 ) -> None:
     """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
@@ -156,13 +163,14 @@ def evolve(
         "evolve.train_tasks": train_tasks, "evolve.val_tasks": val_tasks, "evolve.minibatch_size": minibatch_size,
         "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
         "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
-        "seed": seed})
+        "seed": seed, "model.device": device, "model.dtype": dtype})
     spec = settings.env_spec()
     if not isinstance(settings.env, str) or "," in settings.env:
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
     summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
-                         rollout=settings.rollout, seed=settings.seed, log=_gepa_line, **settings.evolve.model_dump())
+                         rollout=settings.rollout, seed=settings.seed, log=_gepa_line, device=settings.model.device,
+                         dtype=settings.model.dtype, **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
                   f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
@@ -180,13 +188,15 @@ def run(
     config: Annotated[Path, typer.Argument(help="Pipeline YAML (see configs/quickstart.yaml).")],
     run_dir: Annotated[str | None, setting("run_dir")] = None,
     seed: Annotated[int | None, setting("seed")] = None,
+    device: Device = None,
+    dtype: DType = None,
     sets: Sets = None,
 ) -> None:
     """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
     from trajlab.evaluation import results_table
     from trajlab.recipes.pipeline import run_pipeline
 
-    settings = load(config, sets, {"run_dir": run_dir, "seed": seed})
+    settings = load(config, sets, {"run_dir": run_dir, "seed": seed, "model.device": device, "model.dtype": dtype})
     started = time.perf_counter()
     reports = run_pipeline(settings, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
     metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")

@@ -17,14 +17,16 @@ from trajlab.inference.base import is_server_url
 ReflectionLM = Callable[[str], str]
 
 
-def load_reflection_lm(spec: str, *, max_new_tokens: int = 1024, temperature: float = 0.7) -> ReflectionLM:
-    """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM; a server's model is checked up front."""
+def load_reflection_lm(spec: str, *, max_new_tokens: int = 1024, temperature: float = 0.7, device: str = "auto",
+                       dtype: str = "auto") -> ReflectionLM:
+    """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM; a server's model is checked up front.
+    A model directory is loaded on ``device`` in ``dtype`` (``model.device`` / ``model.dtype``)."""
     if is_server_url(spec):
         return ServerReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
     if not Path(spec).is_dir():
         raise ValueError(f"--reflection must be a model directory or a server URL (http://host:port/v1[#model]); "
                          f"{spec!r} is neither.")
-    return LocalReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
+    return LocalReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature, device=device, dtype=dtype)
 
 
 class LocalReflection:
@@ -35,17 +37,19 @@ class LocalReflection:
         max_new_tokens: the reply's length limit.
         temperature: sampling temperature (0 = greedy).
         max_prompt_tokens: longer prompts keep their last tokens (the reflective dataset is the long part).
+        device, dtype: where the model is loaded, in what dtype (see :func:`trajlab.models.load_model`).
     """
 
     def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 1024, temperature: float = 0.7,
-                 max_prompt_tokens: int = 8192) -> None:
+                 max_prompt_tokens: int = 8192, device: str = "auto", dtype: str = "auto") -> None:
         from trajlab.chat.template import ChatTemplate, resolve_chat_template, stop_token_ids
         from trajlab.inference.hf import HFGenerator
         from trajlab.models import load_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
         self.chat = ChatTemplate(self.tokenizer, [], resolve_chat_template(self.tokenizer))
-        self.generator = HFGenerator(load_model(model_dir), self.tokenizer, name=str(model_dir))
+        model = load_model(model_dir, device=device, dtype=dtype)
+        self.generator = HFGenerator(model, self.tokenizer, name=str(model_dir))
         self.stop = tuple(stop_token_ids(self.tokenizer))
         self.max_new_tokens, self.temperature, self.max_prompt_tokens = max_new_tokens, temperature, max_prompt_tokens
 

@@ -85,7 +85,8 @@ def evolve(
     candidate = seed_candidate(spec, system_prompt, tools)
     with build_engine(policy) as engine:  # the policy is checked before the reflection model
         reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
-                                           temperature=settings.reflection_temperature)
+                                           temperature=settings.reflection_temperature, device=policy.device,
+                                           dtype=policy.dtype)
         adapter = TrajlabAdapter(engine, weights=settings.rewards, concurrency=policy.concurrency)
         return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
                           seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,

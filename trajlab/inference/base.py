@@ -41,7 +41,8 @@ class GenerationResult:
     """The generated tokens, ending with the stop token when ``finish_reason == "stop"``.
 
     ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it was sampled from
-    (logits / temperature, before top-k/top-p filtering), or None when the backend cannot know it.
+    (``log_softmax`` of logits / temperature after top-k/top-p truncation, renormalised; the model's own
+    ``log_softmax(logits)`` for greedy turns), or None when the backend cannot know it.
     ``text_only`` says the ids are not the ones the model produced but its reply text re-tokenized (a server that
     returns no token ids); the engine marks such trajectories ``metrics["text_only"] = 1.0``.
     """

@@ -27,6 +27,7 @@ from trajlab.inference.hf_states import (
     weights_version,
 )
 from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
+from trajlab.inference.sampling import generation_config, sampling_logprobs, sampling_processors
 
 MIN_SHARED_PREFIX = 16
 """A batch's common head shorter than this is fed per row: reading it once would save less than it costs."""
@@ -142,26 +143,18 @@ class HFGenerator:
         prefixes = self._reusable_prefixes(prompts)
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
-        sample = params.temperature > 0
         states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
             past_key_values=states,
-            max_new_tokens=max_new_tokens,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=params.top_k if sample else None,
-            eos_token_id=list(params.stop_token_ids) or None,
-            pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
+            generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
+                                                output_scores=True, return_dict_in_generate=True),
+            logits_processor=sampling_processors(params),
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
-        logits = torch.stack(output.logits, dim=1).float()  # (B, N, V)
-        scale = params.temperature if sample else 1.0
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        scores = torch.stack(output.scores, dim=1)  # (B, N, V): what each token was sampled from
+        logprobs = sampling_logprobs(scores).gather(-1, new_tokens.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
         self.batches += 1
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
         results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)

@@ -8,9 +8,9 @@ A server that returns text only (no ``token_ids``) still works, but its turns ar
 local tokenizer: the ids may differ from what the model sampled and their logprobs are unknown. Such results are
 flagged ``text_only`` (the engine marks the trajectory ``metrics["text_only"] = 1.0``) and the generator warns once.
 
-Logprobs are whatever the server reports for the sampled tokens: ``trajlab serve`` reports them under
-``logits / temperature`` like the ``hf`` generator; vLLM by default reports the raw model distribution's (see its
-``--logprobs-mode``).
+Logprobs are whatever the server reports for the sampled tokens: ``trajlab serve`` reports the distribution it
+sampled from (logits / temperature, top-p truncated and renormalised) like the ``hf`` generator; vLLM by default
+reports the raw model distribution's (see its ``--logprobs-mode``).
 """
 
 from __future__ import annotations

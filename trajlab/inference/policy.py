@@ -35,6 +35,8 @@ def load_policy(
     *,
     tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
     oracle: Any = None,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> Policy:
     """Build the policy a user named.
 
@@ -43,6 +45,8 @@ def load_policy(
         tokenizer: the tokenizer (or its directory) trajectories are written in: optional for the oracle (default:
             the tiny offline model's), required for a server, a loaded model or a Generator.
         oracle: the env's reference policy, for ``"oracle"``.
+        device, dtype: where a model directory is loaded, in what dtype (see :func:`trajlab.models.load_model`);
+            other policies are already placed.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -62,7 +66,8 @@ def load_policy(
             raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
         loaded = _tokenizer(tokenizer or spec)
-        return Policy(HFGenerator(load_model(spec), loaded, name=spec), loaded, resolve_chat_template(loaded))
+        model = load_model(spec, device=device, dtype=dtype)
+        return Policy(HFGenerator(model, loaded, name=spec), loaded, resolve_chat_template(loaded))
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")

@@ -29,7 +29,9 @@ class ServeConfig:
     parser: str = "auto"
     max_batch_size: int = 32
     max_body_bytes: int = 4 << 20
-    device: str = "cpu"
+    device: str = "auto"
+    """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.load_model`)."""
+    dtype: str = "auto"
 
 
 def build_app(config: ServeConfig) -> FastAPI:
@@ -53,7 +55,7 @@ def build_app(config: ServeConfig) -> FastAPI:
     tokenizer = load_tokenizer(config.model)
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
-    model = load_model(config.model, device=config.device)
+    model = load_model(config.model, device=config.device, dtype=config.dtype)
     name = config.served_model_name or Path(config.model).resolve().name
     context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     generator = HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name)

@@ -46,6 +46,8 @@ class CollectConfig:
     sampling: SamplingParams = SamplingParams()
     limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
+    device: str = "auto"  # model.device and model.dtype, for a model-directory policy
+    dtype: str = "auto"
 
 
 def plan_episodes(config: CollectConfig) -> list[Episode]:
@@ -98,7 +100,8 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
 
 def build_policy(config: CollectConfig) -> Policy:
     """The generator, tokenizer and chat template of ``config.policy``."""
-    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle)
+    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle, device=config.device,
+                       dtype=config.dtype)
 
 
 def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:

@@ -44,7 +44,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
         started = time.perf_counter()
         if stage == "collect":
             demos = api.collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
-                                rollout=config.rollout, **config.collect.model_dump())
+                                rollout=config.rollout, **_placement(config), **config.collect.model_dump())
             rate = sum(t.status == "success" for t in demos) / len(demos)
             log(f"collect: {len(demos)} demonstrations, success rate {rate:.3f}")
         elif stage == "sft":
@@ -58,7 +58,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
         elif stage == "eval":
             reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                         rollout=config.rollout, rewards=config.rl.rewards, label=label,
-                                        **config.eval.model_dump()))
+                                        **_placement(config), **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
@@ -85,6 +85,11 @@ def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
     return base
 
 
+def _placement(config: PipelineConfig) -> dict[str, str]:
+    """``model.device`` and ``model.dtype``, for every stage that loads a model."""
+    return {"device": config.model.device, "dtype": config.model.dtype}
+
+
 def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) -> Path:
     """The evolve stage; returns the best candidate's file, which the later stages roll out with."""
     result = out / "result"
@@ -93,7 +98,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
         log(f"evolve: already done ({result})")
     else:
         summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
-                             log=lambda line: None, **config.evolve.model_dump())
+                             log=lambda line: None, **_placement(config), **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
     return result / "best_candidate.json"
@@ -116,7 +121,8 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
                           shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
     save_dataset(dataset, run / "sft_dataset")
     log(f"sft: {len(dataset)} rows")
-    return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **config.sft.model_dump())
+    return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
+                   **config.sft.model_dump())
 
 
 def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> Path:
@@ -131,4 +137,4 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
             f"kl {record['kl']:.4f} entropy {record['entropy']:.3f} {record['tokens_per_s']:.0f} tok/s")
 
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  **config.rl.model_dump())
+                  **_placement(config), **config.rl.model_dump())

@@ -50,6 +50,7 @@ from trajlab.train.advantages import (
     turn_rewards_with_terminal,
 )
 from trajlab.train.lora import lora_config
+from trajlab.train.placement import check_trainable, training_device
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
@@ -69,22 +70,28 @@ def run_rl(
     seed: int = 0,
     resume: bool = False,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> Path:
     """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
-    ``out_dir/final`` (LoRA merged)."""
+    ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
+    the reference and the rollouts' generator (the policy itself) share them."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator()
+    where = training_device(device)
+    accelerator = Accelerator(cpu=where.type == "cpu")
     set_seed(seed)
 
     # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
-    policy = load_model(model_dir) if isinstance(model_dir, str | Path) else model_dir
+    policy = load_model(model_dir, device=where, dtype=dtype) if isinstance(model_dir, str | Path) else model_dir
+    check_trainable(policy)
     if settings.lora:
         peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
         policy = peft.get_peft_model(policy, lora_config(settings.lora))
     reference = None
     if settings.kl_coef > 0 and not settings.lora:  # a frozen copy of the starting weights
-        reference = load_model(model_dir) if isinstance(model_dir, str | Path) else copy.deepcopy(model_dir)
+        reference = (load_model(model_dir, device=where, dtype=policy.dtype) if isinstance(model_dir, str | Path)
+                     else copy.deepcopy(model_dir))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
     warmup = settings.warmup_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: min(1.0, (done + 1) / (warmup + 1)))
@@ -101,6 +108,8 @@ def run_rl(
         tokenizer,
         chat_template=chat_template,
         parser=get_parser(rollout.parser, tokenizer),
+        # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
+        # exactly what _token_logprobs recomputes for the ratio
         sampling=SamplingParams(temperature=settings.temperature),
         limits=rollout.limit_overrides(),
         system_prompt=system_prompt,

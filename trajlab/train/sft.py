@@ -19,6 +19,7 @@ from trl import SFTConfig, SFTTrainer
 from trajlab.config import SFTSettings
 from trajlab.models import load_model
 from trajlab.train.lora import lora_config
+from trajlab.train.placement import check_trainable, training_device
 
 logger = logging.getLogger(__name__)
 
@@ -41,15 +42,20 @@ def run_sft(
     *,
     seed: int = 0,
     resume: bool = False,
+    device: str = "auto",
+    dtype: str = "auto",
 ) -> Path:
     """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
     model directory, LoRA merged).
 
-    Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one.
+    Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. ``device``
+    and ``dtype`` are ``model.device`` / ``model.dtype`` (a directory is loaded in that dtype; on a GPU with
+    bfloat16 the trainer computes in bfloat16 autocast).
     """
     out_dir = Path(out_dir)
     if len(dataset) == 0:
         raise ValueError("The SFT dataset is empty: collect successful demonstrations first.")
+    where = training_device(device)
     conversational_rows = "input_ids" not in dataset.column_names
     args = SFTConfig(
         output_dir=str(out_dir),
@@ -70,11 +76,12 @@ def run_sft(
         assistant_only_loss=conversational_rows,
         dataloader_num_workers=0,
         disable_tqdm=False,
-        # TRL defaults to bf16, which CPUs here cannot train in: use it only where a GPU supports it.
-        use_cpu=not torch.cuda.is_available(),
-        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        # TRL defaults to bf16 autocast, which CPUs here cannot train in: use it only where a GPU supports it.
+        use_cpu=where.type == "cpu",
+        bf16=where.type == "cuda" and torch.cuda.is_bf16_supported(),
     )
-    model = load_model(model_dir) if isinstance(model_dir, str | Path) else model_dir
+    model = load_model(model_dir, device=where, dtype=dtype) if isinstance(model_dir, str | Path) else model_dir
+    check_trainable(model)
     model.train()
     trainer = SFTTrainer(
         model=model,
