@@ -13,10 +13,15 @@ import copy
 import pytest
 import torch
 
+from trajlab.chat.template import resolve_chat_template
+from trajlab.config import RLSettings, RolloutSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.vllm import VLLMGenerator, full_weights
 from trajlab.models import load_model
+from trajlab.train.rl import run_rl
+
+from .noisy_env import SPEC as NOISY
 
 pytest.importorskip("vllm", reason="the vLLM lane: `scripts/test.sh --vllm` runs tests/vllm in .venv-vllm")
 QUESTIONS = ["hi", "what is 2 + 3?", "add 4 and 5, then multiply by 2"]
@@ -119,3 +124,25 @@ def test_a_lora_model_is_merged_on_the_way_in(engine, prompts, tiny_model_dir, r
     assert moved > 0.01, "the adapter's update reached the engine"
     assert all(torch.equal(untouched[k], v) for k, v in model.state_dict().items()), "the model was left as it was"
     assert not any("lora" in name for name in full_weights(model))
+
+
+def test_three_rl_steps_with_the_engine_as_sampler_change_its_outputs(engine, prompts, tiny_model_dir,
+                                                                      tiny_tokenizer, tmp_path, restore):
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(tiny_tokenizer.eos_token_id,))
+    before = generate(engine, prompts, params)
+    loads = engine.weight_loads
+    settings = RLSettings(steps=3, tasks_per_step=2, group_size=2, learning_rate=3e-3, save_steps=3)
+    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
+    final = run_rl(tiny_model_dir, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), NOISY, settings, rollout,
+                   tmp_path, sampler=engine)
+    assert engine.weight_loads == loads + 3, "the engine took the weights after each of the 3 steps"
+    assert not engine.sleep_supported, "on CPU sleep/wake_up are no-ops (vLLM has no sleep mode there)"
+    trained = load_model(final)
+    after = generate(engine, prompts, params)
+    for prompt, result in zip(prompts, after, strict=True):
+        assert max_gap(result.logprobs, forward_logprobs(trained, prompt, result.token_ids)) < 1e-4
+    changed = [max_gap(a.logprobs, b.logprobs) > 1e-3 or a.token_ids != b.token_ids
+               for a, b in zip(after, before, strict=True)]
+    assert all(changed), "RL changed what the engine generates"
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
