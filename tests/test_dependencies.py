@@ -153,3 +153,16 @@ def test_a_run_needing_an_extra_fails_before_its_first_stage(tmp_path):
     assert result.returncode != 0
     assert "the evolve stage needs the 'gepa' package" in _one_line(result, "pip install 'trajlab[evolve]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # no model built, no eval run
+
+
+def test_the_vllm_backend_without_vllm_says_what_to_install(tiny_model_dir, tmp_path):
+    args = ["collect", "--env", "arithmetic", "--policy", str(tiny_model_dir), "--episodes", "1", "--out",
+            str(tmp_path / "t.jsonl"), "--backend"]
+    result = _cli_without([*args, "vllm"])
+    assert result.returncode == 1
+    assert "the vllm backend (model.backend: vllm) needs the 'vllm' package" in _one_line(
+        result, "pip install 'trajlab[vllm]'")
+    result = _cli_without([*args, "vlm"])
+    assert result.returncode == 1
+    assert "model.backend: Input should be 'hf' or 'vllm'" in _one_line(result, "model.backend")
+    assert not (tmp_path / "t.jsonl").exists()

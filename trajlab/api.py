@@ -27,6 +27,7 @@ from trajlab.config import (
     DatasetSettings,
     EvalSettings,
     EvolveSettings,
+    ModelSettings,
     RLSettings,
     RolloutSettings,
     SFTSettings,
@@ -55,6 +56,7 @@ def collect(
     tokenizer: Any = None,
     seed: int = 0,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    backend: str | None = None,
     on_progress: Progress | None = None,
     **settings: Any,
 ) -> list[Trajectory]:
@@ -71,6 +73,8 @@ def collect(
             model or a Generator.
         seed: task order seed.
         rollout: rollout settings (limits, concurrency, parser, prompts); see ``RolloutSettings``.
+        backend: what generates for a model directory: ``"hf"`` or ``"vllm"`` (``ModelSettings.backend``; None: its
+            default).
         on_progress: called as episodes finish.
         **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``.
     """
@@ -82,7 +86,7 @@ def collect(
         config = _collect_config(env, policy, path, tokenizer=tokenizer, tasks=tasks, seed=seed,
                                  rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
                                  split=chosen.split, samples_per_task=chosen.samples_per_task,
-                                 temperature=chosen.temperature)
+                                 temperature=chosen.temperature, backend=backend)
         run_collection(config, on_progress=on_progress)
         return collected(config)
 
@@ -97,6 +101,7 @@ def evaluate(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     rewards: Mapping[str, float] | None = None,
     label: str | None = None,
+    backend: str | None = None,
     on_progress: Progress | None = None,
     **settings: Any,
 ) -> EvalReport:
@@ -126,7 +131,8 @@ def evaluate(
         config = _collect_config(env, policy, run_dir / "trajectories.jsonl", tokenizer=tokenizer, tasks=tasks,
                                  seed=chosen.seed, rollout=_settings(RolloutSettings, rollout or {}),
                                  episodes=chosen.num_tasks * chosen.samples_per_task, split=chosen.split,
-                                 samples_per_task=chosen.samples_per_task, temperature=chosen.temperature)
+                                 samples_per_task=chosen.samples_per_task, temperature=chosen.temperature,
+                                 backend=backend)
         summary = run_collection(config, on_progress=on_progress)
         trajectories = collected(config)
         if rewards is not None:
@@ -182,6 +188,7 @@ def rl(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
     resume: bool = False,
+    backend: str | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     **settings: Any,
 ) -> Path:
@@ -189,6 +196,8 @@ def rl(
 
     Args:
         model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        backend: ``"hf"`` rolls out with the model being trained; ``"vllm"`` with an in-process vLLM engine started
+            from the model directory, which gets the trainer's weights after every optimizer step.
         on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
         **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
     """
@@ -197,8 +206,17 @@ def rl(
 
     chosen = _settings(RLSettings, settings)
     loaded = _load_tokenizer(model, tokenizer)
-    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen,
-                  _settings(RolloutSettings, rollout or {}), out, seed=seed, resume=resume, on_step=on_step)
+    chosen_rollout = _settings(RolloutSettings, rollout or {})
+    sampler = None
+    if _backend(backend) == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        if not isinstance(model, str | Path):
+            raise UserError("the vllm backend starts its engine from a model directory: save the model "
+                            "(save_pretrained) and pass its path.")
+        sampler = VLLMGenerator(model, seed=seed, max_batch_size=chosen_rollout.concurrency)
+    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
+                  resume=resume, on_step=on_step, sampler=sampler)
 
 
 def evolve(
@@ -209,6 +227,7 @@ def evolve(
     tokenizer: Any = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
+    backend: str | None = None,
     log: Callable[[str], None] | None = None,
     **settings: Any,
 ) -> dict[str, Any]:
@@ -227,13 +246,14 @@ def evolve(
     chosen = _settings(EvolveSettings, settings)
     config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,
                              rollout=_settings(RolloutSettings, rollout or {}), episodes=1, split="train",
-                             samples_per_task=1, temperature=chosen.temperature)
+                             samples_per_task=1, temperature=chosen.temperature, backend=backend)
     return run_evolution(config, chosen, out, seed=seed, log=log)
 
 
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
                     tasks: Sequence[Mapping[str, Any]] | str | Path | None, seed: int, rollout: RolloutSettings,
-                    episodes: int, split: str, samples_per_task: int, temperature: float) -> Any:
+                    episodes: int, split: str, samples_per_task: int, temperature: float,
+                    backend: str | None = None) -> Any:
     from trajlab.inference.base import SamplingParams
     from trajlab.recipes.collect import CollectConfig
 
@@ -243,8 +263,13 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         samples_per_task=samples_per_task, tasks_file=Path(tasks) if isinstance(tasks, str | Path) else None,
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
-        sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
+        sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(), backend=_backend(backend),
     )
+
+
+def _backend(backend: str | None) -> str:
+    """The generation backend, validated by ``ModelSettings`` (None: its default)."""
+    return _settings(ModelSettings, {} if backend is None else {"backend": backend}).backend
 
 
 def _env(env: EnvLike) -> EnvSpec | EnvMixture:

@@ -44,6 +44,9 @@ class ModelSettings(Section):
     """A local Hugging Face causal-LM directory; None builds the tiny offline model."""
     init_seed: int = 0
     """Weight seed of the tiny model when ``path`` is None."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend for a model directory: hf (transformers) or vllm (an in-process vLLM engine; needs the
+    vllm extra). In RL, vllm samples the rollouts and gets the trainer's weights after every optimizer step."""
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ MaxNewTokens = Annotated[int | None, setting("rollout.max_new_tokens")]
 ToolTimeout = Annotated[float | None, setting("rollout.tool_timeout_s", "--tool-timeout")]
 SystemPrompt = Annotated[str | None, setting("rollout.system_prompt")]
 PromptFile = Annotated[Path | None, setting("rollout.prompt_file")]
+Backend = Annotated[str | None, setting("model.backend")]
 
 
 def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
@@ -70,6 +71,7 @@ def collect(
     tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
+    backend: Backend = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -79,8 +81,9 @@ def collect(
 
     settings = load(config, sets, {
         "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
-        "collect.temperature": temperature, "seed": seed, **_rollout(parser, concurrency, max_turns,
-        max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+        "collect.temperature": temperature, "seed": seed, "model.backend": backend, **_rollout(
+            parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
+            prompt_file)})
     already: list[int] = []  # the first progress report says how many episodes were on disk
 
     with progress_bar("collect") as show:
@@ -90,7 +93,8 @@ def collect(
             show(done, total)
 
         trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
-                                   seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
+                                   seed=settings.seed, rollout=settings.rollout, backend=settings.model.backend,
+                                   on_progress=on_progress,
                                    **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
     table = Table(title=f"{out}", show_header=False)
@@ -136,6 +140,7 @@ def eval_run(
     tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
+    backend: Backend = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
     config: ConfigFile = None,
     sets: Sets = None,
@@ -158,11 +163,13 @@ def eval_run(
         num_tasks = max(len(read_tasks_file(tasks)), 1)
     settings = load(config, sets, {
         "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
-        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, **_rollout(parser, concurrency,
-        max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt, prompt_file)})
+        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, "model.backend": backend,
+        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
+                   prompt_file)})
     with progress_bar("eval") as on_progress:
         report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
-                              rollout=settings.rollout, label=label, on_progress=on_progress,
+                              rollout=settings.rollout, label=label, backend=settings.model.backend,
+                              on_progress=on_progress,
                               **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from trajlab.cli.common import console, usage_error
-from trajlab.cli.rollouts import Parser
+from trajlab.cli.common import console, load, usage_error
+from trajlab.cli.rollouts import Backend, Parser
 from trajlab.errors import require
 
 
@@ -28,7 +28,8 @@ def serve(
     parser: Parser = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Most generations batched together.")] = 32,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 4 << 20,
-    device: Annotated[str, typer.Option(help="torch device for the model, e.g. cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option(help="torch device for the model, e.g. cpu or cuda (hf backend).")] = "cpu",
+    backend: Backend = None,
 ):
     """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
     uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
@@ -41,7 +42,8 @@ def serve(
                     "--served-model-name (--parser, --max-batch-size and --device do not apply either).")
     config = ServeConfig(model=model, upstream=upstream, served_model_name=served_model_name, record_dir=record_dir,
                          parser=parser or RolloutSettings().parser, max_batch_size=max_batch_size,
-                         max_body_bytes=max_body_bytes, device=device)
+                         max_body_bytes=max_body_bytes, device=device,
+                         backend=load(None, None, {"model.backend": backend}).model.backend)
     server_app = build_app(config)
     console.print(f"Serving {model or upstream} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
     uvicorn.run(server_app, host=host, port=port, log_level="warning")

@@ -35,6 +35,7 @@ def load_policy(
     *,
     tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
     oracle: Any = None,
+    backend: str = "hf",
 ) -> Policy:
     """Build the policy a user named.
 
@@ -43,12 +44,13 @@ def load_policy(
         tokenizer: the tokenizer (or its directory) trajectories are written in: optional for the oracle (default:
             the tiny offline model's), required for a server, a loaded model or a Generator.
         oracle: the env's reference policy, for ``"oracle"``.
+        backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
+            engine); the oracle, a server, a loaded model and a Generator bring their own.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
     """
     from trajlab.inference.hf import HFGenerator
-    from trajlab.models import load_model
 
     if isinstance(policy, Policy):
         return policy
@@ -62,7 +64,7 @@ def load_policy(
             raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
         loaded = _tokenizer(tokenizer or spec)
-        return Policy(HFGenerator(load_model(spec), loaded, name=spec), loaded, resolve_chat_template(loaded))
+        return Policy(_model_generator(spec, loaded, backend), loaded, resolve_chat_template(loaded))
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")
@@ -72,6 +74,20 @@ def load_policy(
     else:
         generator = policy
     return Policy(generator, loaded, resolve_chat_template(loaded))
+
+
+def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str) -> Generator:
+    """The generator of a model directory on the chosen backend."""
+    if backend == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        return VLLMGenerator(path, name=path)
+    if backend != "hf":
+        raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
+    from trajlab.inference.hf import HFGenerator
+    from trajlab.models import load_model
+
+    return HFGenerator(load_model(path), tokenizer, name=path)
 
 
 def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import FastAPI
+from transformers import AutoConfig
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
-from trajlab.inference.base import is_server_url
+from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
@@ -30,6 +31,8 @@ class ServeConfig:
     max_batch_size: int = 32
     max_body_bytes: int = 4 << 20
     device: str = "cpu"
+    backend: str = "hf"
+    """What generates: hf (transformers on ``device``) or vllm (an in-process vLLM engine on its own platform)."""
 
 
 def build_app(config: ServeConfig) -> FastAPI:
@@ -53,9 +56,15 @@ def build_app(config: ServeConfig) -> FastAPI:
     tokenizer = load_tokenizer(config.model)
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
-    model = load_model(config.model, device=config.device)
     name = config.served_model_name or Path(config.model).resolve().name
-    context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-    generator = HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name)
+    model_config = AutoConfig.from_pretrained(config.model, local_files_only=True)
+    context = int(getattr(model_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
+    if config.backend == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        generator: Generator = VLLMGenerator(config.model, max_batch_size=config.max_batch_size, name=name)
+    else:
+        model = load_model(config.model, device=config.device)
+        generator = HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name)
     limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context)
     return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)

@@ -46,6 +46,7 @@ class CollectConfig:
     sampling: SamplingParams = SamplingParams()
     limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
+    backend: str = "hf"  # what generates for a model-directory policy: hf or vllm (ModelSettings.backend)
 
 
 def plan_episodes(config: CollectConfig) -> list[Episode]:
@@ -96,7 +97,7 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
 
 def build_policy(config: CollectConfig) -> Policy:
     """The generator, tokenizer and chat template of ``config.policy``."""
-    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle)
+    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle, backend=config.backend)
 
 
 def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:
