@@ -48,6 +48,16 @@ def test_collect_and_eval_with_the_vllm_backend(tiny_model_dir, tmp_path):
     assert report["episodes"] == 2
 
 
+def test_a_run_config_with_the_vllm_backend(tiny_model_dir, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nenv: arithmetic\nstages: [eval]\n"
+                      f"model: {{path: {tiny_model_dir}, backend: vllm}}\n"
+                      "rollout: {max_turns: 1, max_new_tokens: 8}\neval: {num_tasks: 2}\n")
+    trajlab("run", config)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [r["episodes"] for r in results] == [2]
+
+
 def test_three_rl_steps_with_the_vllm_backend(tiny_model_dir, tmp_path):
     trajlab("rl", "--model", tiny_model_dir, "--env", "tests.vllm.noisy_env:SPEC", "--backend", "vllm",
             "--steps", 3, "--tasks-per-step", 2, "--group-size", 2, "--learning-rate", 3e-3, "--out", tmp_path,

@@ -14,7 +14,7 @@ from trajlab.errors import require
 
 
 def serve(
-    model: Annotated[Path | None, typer.Option(help="Model directory served by the hf backend.")] = None,
+    model: Annotated[Path | None, typer.Option(help="Model directory to serve (with --backend).")] = None,
     upstream: Annotated[str | None, typer.Option(
         help="Instead of --model: forward to this OpenAI-compatible server (e.g. http://127.0.0.1:8001/v1) and "
              "record in between.")] = None,
