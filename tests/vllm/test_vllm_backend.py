@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trajlab.chat.template import resolve_chat_template
-from trajlab.config import RLSettings, RolloutSettings
+from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.vllm import VLLMGenerator, full_weights
@@ -146,3 +146,20 @@ def test_three_rl_steps_with_the_engine_as_sampler_change_its_outputs(engine, pr
     assert all(changed), "RL changed what the engine generates"
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 3
+
+
+def test_rl_with_lora_hands_the_engine_the_merged_weights(engine, prompts, tiny_model_dir, tiny_tokenizer, tmp_path,
+                                                          restore):
+    pytest.importorskip("peft")
+    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
+                          lora=LoraSettings(r=4, alpha=8))
+    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
+    final = run_rl(tiny_model_dir, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), NOISY, settings, rollout,
+                   tmp_path, sampler=engine)
+    merged, base = load_model(final), load_model(tiny_model_dir)  # out/final holds the adapter merged in
+    results = generate(engine, prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
+    for prompt, result in zip(prompts, results, strict=True):
+        assert max_gap(result.logprobs, forward_logprobs(merged, prompt, result.token_ids)) < 1e-4
+    moved = max(max_gap(r.logprobs, forward_logprobs(base, p, r.token_ids))
+                for p, r in zip(prompts, results, strict=True))
+    assert moved > 1e-3, "the adapter's training reached the engine"

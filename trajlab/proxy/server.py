@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
-from transformers import AutoConfig
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
@@ -57,14 +58,18 @@ def build_app(config: ServeConfig) -> FastAPI:
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
     name = config.served_model_name or Path(config.model).resolve().name
-    model_config = AutoConfig.from_pretrained(config.model, local_files_only=True)
+    generator, model_config = _generator(config, tokenizer, name)
     context = int(getattr(model_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
+    limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context)
+    return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)
+
+
+def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[Generator, Any]:
+    """The model directory on the chosen backend, and its config (for the context length)."""
     if config.backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
 
-        generator: Generator = VLLMGenerator(config.model, max_batch_size=config.max_batch_size, name=name)
-    else:
-        model = load_model(config.model, device=config.device)
-        generator = HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name)
-    limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context)
-    return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)
+        generator = VLLMGenerator(config.model, max_batch_size=config.max_batch_size, name=name)
+        return generator, AutoConfig.from_pretrained(config.model, local_files_only=True)
+    model = load_model(config.model, device=config.device)
+    return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name), model.config
