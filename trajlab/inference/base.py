@@ -8,7 +8,7 @@ backends that act on messages rather than tokens (scripted policies, text-only s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 def is_server_url(spec: str) -> bool:
@@ -63,3 +63,15 @@ class Generator(Protocol):
     name: str
 
     async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+
+@runtime_checkable
+class WeightSyncedGenerator(Generator, Protocol):
+    """A sampler that is not the trainer's own forward pass (e.g. an in-process vLLM engine): RL hands it the
+    trainer's weights after every optimizer step, and lets it free its memory during the update."""
+
+    def load_weights(self, model: Any) -> None: ...
+
+    def sleep(self) -> None: ...
+
+    def wake_up(self) -> None: ...

@@ -37,6 +37,7 @@ def load_policy(
     oracle: Any = None,
     device: str = "auto",
     dtype: str = "auto",
+    backend: str = "hf",
 ) -> Policy:
     """Build the policy a user named.
 
@@ -47,12 +48,13 @@ def load_policy(
         oracle: the env's reference policy, for ``"oracle"``.
         device, dtype: where a model directory is loaded, in what dtype (see :func:`trajlab.models.load_model`);
             other policies are already placed.
+        backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
+            engine); the oracle, a server, a loaded model and a Generator bring their own.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
     """
     from trajlab.inference.hf import HFGenerator
-    from trajlab.models import load_model
 
     if isinstance(policy, Policy):
         return policy
@@ -66,8 +68,7 @@ def load_policy(
             raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
         loaded = _tokenizer(tokenizer or spec)
-        model = load_model(spec, device=device, dtype=dtype)
-        return Policy(HFGenerator(model, loaded, name=spec), loaded, resolve_chat_template(loaded))
+        return Policy(_model_generator(spec, loaded, backend, device, dtype), loaded, resolve_chat_template(loaded))
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")
@@ -77,6 +78,22 @@ def load_policy(
     else:
         generator = policy
     return Policy(generator, loaded, resolve_chat_template(loaded))
+
+
+def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str, device: str,
+                     dtype: str) -> Generator:
+    """The generator of a model directory on the chosen backend (vLLM places the model on its own platform; a dtype
+    other than auto is passed on)."""
+    if backend == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        return VLLMGenerator(path, name=path, engine_args=None if dtype == "auto" else {"dtype": dtype})
+    if backend != "hf":
+        raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
+    from trajlab.inference.hf import HFGenerator
+    from trajlab.models import load_model
+
+    return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, name=path)
 
 
 def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

