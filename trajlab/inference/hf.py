@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf_states import (
@@ -143,6 +143,7 @@ class HFGenerator:
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
         sample = params.temperature > 0
+        recorder = ChosenLogprobs(params.temperature if sample else 1.0)
         states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
@@ -155,13 +156,11 @@ class HFGenerator:
             top_k=params.top_k if sample else None,
             eos_token_id=list(params.stop_token_ids) or None,
             pad_token_id=self.pad_id,
-            output_logits=True,
+            logits_processor=LogitsProcessorList([recorder]),
             return_dict_in_generate=True,
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
-        logits = torch.stack(output.logits, dim=1).float()  # (B, N, V)
-        scale = params.temperature if sample else 1.0
-        logprobs = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
+        logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)
         self.batches += 1
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
         results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
@@ -235,6 +234,37 @@ class HFGenerator:
             result = GenerationResult(tokens[:limit], logprobs[:limit], "length")
         self.generated_tokens += len(result.token_ids)
         return result
+
+
+class ChosenLogprobs(LogitsProcessor):
+    """Keeps each generated token's log-probability (logits / temperature), not the step's logits.
+
+    ``output_logits`` would keep a (B, V) float32 tensor per step, gigabytes for long turns with a real vocabulary.
+    This processor sees each step's logits before the sampling warpers (temperature, top-k, top-p), which generate
+    applies after processors passed in; it reduces the previous step's distribution to the token that was sampled
+    from it (now the last of ``input_ids``) and holds one step's log-softmax: memory O(B x N), not O(B x N x V).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.chosen: list[torch.Tensor] = []  # (B,) per step already decided
+        self.pending: torch.Tensor | None = None  # (B, V): the newest step's log-softmax, its token not yet known
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self.chosen.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) log-probabilities of the ``new_tokens`` (B, N) that generate returned."""
+        steps = new_tokens.shape[1]
+        if len(self.chosen) < steps and self.pending is not None:  # the last step's token never came back as input
+            self.chosen.append(self.pending.gather(-1, new_tokens[:, len(self.chosen), None]).squeeze(-1))
+        self.pending = None
+        if not steps:
+            return torch.zeros(new_tokens.shape)
+        return torch.stack(self.chosen[:steps], dim=1)
 
 
 def _batch_key(params: SamplingParams) -> tuple[float, float, int, tuple[int, ...]]:
