@@ -14,8 +14,9 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-CHUNK_TOKENS = 1024
-"""Positions (over the whole batch) whose logits exist at once: 1024 x 151,936 x 4 bytes = 0.6 GB in float32."""
+CHUNK_TOKENS = 256
+"""Positions (over the whole batch) whose logits exist at once: 256 x 151,936 x 4 bytes = 0.16 GB in float32, a few
+such buffers at the peak of a slice's backward pass."""
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 """Maps hidden states (B, l, H) to logits (B, l, V): the model's output layer."""
@@ -27,16 +28,16 @@ def chosen_logprobs(
     targets: torch.Tensor,
     temperature: float = 1.0,
     *,
-    chunk_tokens: int = CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities (B, L) of ``targets`` (B, L) under ``head(hidden) / temperature``, and the entropies (B, L)
     of those distributions.
 
     ``hidden`` (B, L, H) holds the final hidden states of the positions that predict ``targets``. The result equals
     ``log_softmax(head(hidden).float() / temperature).gather(targets)``, with the same gradients; the entropy is a
-    statistic and carries none.
+    statistic and carries none. ``chunk_tokens`` defaults to ``CHUNK_TOKENS``.
     """
-    width = max(1, chunk_tokens // max(1, hidden.shape[0]))  # positions per slice, so B x width <= chunk_tokens
+    width = max(1, (chunk_tokens or CHUNK_TOKENS) // max(1, hidden.shape[0]))  # positions per slice
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
     for begin in range(0, hidden.shape[1], width):
@@ -53,7 +54,9 @@ def chosen_logprobs(
 
 
 def _slice(head: Head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, ...]:
-    logits = head(hidden).float() / temperature  # (B, l, V): the only vocabulary-wide tensor, one slice at a time
+    logits = head(hidden).float()  # (B, l, V): the only vocabulary-wide tensor, one slice at a time
+    if temperature != 1.0:
+        logits = logits / temperature
     norm = logits.logsumexp(-1)  # (B, l)
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
     with torch.no_grad():  # H = log Z - sum p * logits, in place: one more (B, l, V) buffer at most
