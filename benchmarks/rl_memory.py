@@ -157,12 +157,13 @@ def trl_trainer(model: Any, args: argparse.Namespace) -> Any:
     tokenizer: PreTrainedTokenizerFast = load_tokenizer(args.tiny_model)  # a processing class; ids are synthetic
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="rl-memory-trl-"), use_cpu=True, bf16=False, report_to="none",
-        save_strategy="no", per_device_train_batch_size=args.batch, num_generations=args.batch,
+        # GRPO's config checks need a group of 2 or more; the loss below runs on the given batch, whatever its size.
+        save_strategy="no", per_device_train_batch_size=max(2, args.batch), num_generations=max(2, args.batch),
         gradient_accumulation_steps=1, beta=0.0, loss_type="grpo", temperature=1.0, disable_tqdm=True,
         dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
-                          args=config, train_dataset=Dataset.from_list([{"prompt": "x"}] * args.batch),
+                          args=config, train_dataset=Dataset.from_list([{"prompt": "x"}] * max(2, args.batch)),
                           processing_class=tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which does not run here

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-CHUNK_TOKENS = 256
-"""Positions (over the whole batch) whose logits exist at once: 256 x 151,936 x 4 bytes = 0.16 GB in float32, a few
-such buffers at the peak of a slice's backward pass."""
+CHUNK_TOKENS = 128
+"""Positions (over the whole batch) whose logits exist at once: 128 x 151,936 x 4 bytes = 78 MB in float32, a few
+such buffers at the peak of a slice's backward pass (BENCHMARKS.md, "Memory": 256 cost 0.3-0.4 GB more at the peak)."""
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 """Maps hidden states (B, l, H) to logits (B, l, V): the model's output layer."""
