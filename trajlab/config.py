@@ -149,6 +149,8 @@ class SFTSettings(Section):
     """A transformers scheduler name, e.g. cosine, constant_with_warmup."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    gradient_checkpointing: bool = False
+    """Recompute layer activations in the backward pass instead of keeping them: less memory, one more forward."""
     logging_steps: int = Field(25, ge=1)
     """Optimizer steps between log lines."""
     save_steps: int = Field(100, ge=1)
@@ -188,6 +190,8 @@ class RLSettings(Section):
     """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
+    gradient_checkpointing: bool = False
+    """Recompute layer activations in the backward pass instead of keeping them: less memory, one more forward."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
     lora: LoraSettings | None = None

@@ -183,7 +183,8 @@ def test_a_shared_prompt_head_runs_once_with_the_same_logprobs_and_gradients(tin
         if not shared:
             monkeypatch.setattr(rl, "MIN_SHARED_HEAD", 10**9)
         model.zero_grad()
-        logprobs = _token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"], 1.0)
+        logprobs, _ = _token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
+                                      1.0)
         _policy_loss(model, None, batch, RLSettings(), normaliser=3.0)["loss_tensor"].backward()
         results.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (shared_lp, shared_grad), (full_lp, full_grad) = results
@@ -223,3 +224,27 @@ def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
     assert record["kl"] >= 0.0
     merged = load_model(final)
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients_and_runs_a_step(tiny_model_dir, tiny_tokenizer,
+                                                                                 tmp_path):
+    trajectories = [trajectory_with_model_logprobs(load_model(tiny_model_dir), tiny_tokenizer, [1] * n) for n in (4, 6)]
+    batch = _pack(trajectories, [[0.5] * 4, [-0.5] * 6], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+    results = []
+    for checkpointing in (False, True):
+        model = load_model(tiny_model_dir).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        loss = _policy_loss(model, None, batch, RLSettings(), normaliser=2.0)["loss_tensor"]
+        loss.backward()
+        results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (loss, grad), (checkpointed_loss, checkpointed_grad) = results
+    assert checkpointed_loss == pytest.approx(loss, abs=1e-6)
+    assert grad.abs().sum() > 0 and torch.allclose(checkpointed_grad, grad, atol=1e-6, rtol=1e-4)
+
+    model = load_model(tiny_model_dir)  # the whole loop: rollouts with the cache, the update checkpointed
+    settings, rollout = tiny_settings(steps=1, gradient_checkpointing=True)
+    run_rl(model, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), load_env("arithmetic"), settings, rollout,
+           tmp_path)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and record["update_s"] > 0

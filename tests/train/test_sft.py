@@ -65,3 +65,13 @@ def test_sft_with_lora_saves_a_merged_model(tiny_model_dir, tiny_tokenizer, tiny
     final = run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings)
     merged = load_model(final)
     assert not any("lora" in name for name, _ in merged.named_parameters())
+
+
+def test_sft_with_gradient_checkpointing_trains_a_step(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    model = load_model(tiny_model_dir)
+    settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, logging_steps=1, gradient_checkpointing=True)
+    run_sft(model, tiny_tokenizer, dataset, tmp_path, settings)
+    state = json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1]

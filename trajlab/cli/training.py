@@ -67,6 +67,7 @@ def sft(
     max_steps: Annotated[int | None, setting("sft.max_steps")] = None,
     learning_rate: Annotated[float | None, setting("sft.learning_rate")] = None,
     batch_size: Annotated[int | None, setting("sft.batch_size")] = None,
+    gradient_checkpointing: Annotated[bool | None, setting("sft.gradient_checkpointing")] = None,
     lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
                                                "(the config's sft.lora.r).")] = None,
     resume: Resume = False,
@@ -85,7 +86,8 @@ def sft(
         raise usage_error("give exactly one of --from TRAJECTORIES.jsonl or --data DATASET.")
     settings = load(config, sets, {"sft.epochs": epochs, "sft.max_steps": max_steps, "sft.learning_rate": learning_rate,
                                    "sft.batch_size": batch_size, "sft.lora": {"r": lora_r} if lora_r else None,
-                                   "seed": seed, "model.device": device, "model.dtype": dtype})
+                                   "sft.gradient_checkpointing": gradient_checkpointing, "seed": seed,
+                                   "model.device": device, "model.dtype": dtype})
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
     final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
@@ -105,6 +107,7 @@ def rl(
     tasks_per_step: Annotated[int | None, setting("rl.tasks_per_step")] = None,
     learning_rate: Annotated[float | None, setting("rl.learning_rate")] = None,
     kl_coef: Annotated[float | None, setting("rl.kl_coef")] = None,
+    gradient_checkpointing: Annotated[bool | None, setting("rl.gradient_checkpointing")] = None,
     lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
                                                "(the config's rl.lora.r).")] = None,
     resume: Resume = False,
@@ -121,8 +124,8 @@ def rl(
     settings = load(config, sets, {
         "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
         "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
-        "rl.lora": {"r": lora_r} if lora_r else None, "seed": seed, "model.device": device, "model.dtype": dtype,
-        "model.backend": backend})
+        "rl.lora": {"r": lora_r} if lora_r else None, "rl.gradient_checkpointing": gradient_checkpointing,
+        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend})
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:

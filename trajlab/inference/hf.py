@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf_states import (
@@ -143,18 +143,18 @@ class HFGenerator:
         prefixes = self._reusable_prefixes(prompts)
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
+        recorder = ChosenLogprobs()
         states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
             attention_mask=attention_mask.to(self.model.device),
             past_key_values=states,
             generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
-                                                output_scores=True, return_dict_in_generate=True),
-            logits_processor=sampling_processors(params),
+                                                return_dict_in_generate=True),
+            logits_processor=LogitsProcessorList([*sampling_processors(params), recorder]),  # the recorder last
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
-        scores = torch.stack(output.scores, dim=1)  # (B, N, V): what each token was sampled from
-        logprobs = sampling_logprobs(scores).gather(-1, new_tokens.to(scores.device).unsqueeze(-1)).squeeze(-1).cpu()
+        logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)
         self.batches += 1
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
         results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
@@ -228,6 +228,36 @@ class HFGenerator:
             result = GenerationResult(tokens[:limit], logprobs[:limit], "length")
         self.generated_tokens += len(result.token_ids)
         return result
+
+
+class ChosenLogprobs(LogitsProcessor):
+    """Keeps each generated token's log-probability under the distribution it was sampled from, not the step's logits.
+
+    ``output_scores`` would keep a (B, V) float32 tensor per step, gigabytes for long turns with a real vocabulary.
+    This processor comes last, after trajlab's sampling warpers (``sampling_processors``: temperature, top-k, top-p),
+    so it sees the very scores sampled from; it reduces the previous step's distribution to the token that was
+    sampled from it (now the last of ``input_ids``) and holds one step's log-softmax: memory O(B x N), not O(B x N x V).
+    """
+
+    def __init__(self) -> None:
+        self.chosen: list[torch.Tensor] = []  # (B,) per step already decided
+        self.pending: torch.Tensor | None = None  # (B, V): the newest step's log-softmax, its token not yet known
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.pending is not None:
+            self.chosen.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.pending = sampling_logprobs(scores)
+        return scores
+
+    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) log-probabilities of the ``new_tokens`` (B, N) that generate returned."""
+        steps = new_tokens.shape[1]
+        if len(self.chosen) < steps and self.pending is not None:  # the last step's token never came back as input
+            self.chosen.append(self.pending.gather(-1, new_tokens[:, len(self.chosen), None]).squeeze(-1))
+        self.pending = None
+        if not steps:
+            return torch.zeros(new_tokens.shape)
+        return torch.stack(self.chosen[:steps], dim=1)
 
 
 def _batch_key(params: SamplingParams) -> tuple[float, float, int, tuple[int, ...]]:

@@ -49,6 +49,7 @@ from trajlab.train.advantages import (
     spread_over_turns,
     turn_rewards_with_terminal,
 )
+from trajlab.train.logprobs import chosen_logprobs
 from trajlab.train.lora import lora_config
 from trajlab.train.placement import check_trainable, training_device
 
@@ -90,6 +91,8 @@ def run_rl(
     # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
     policy = load_model(model_dir, device=where, dtype=dtype) if isinstance(model_dir, str | Path) else model_dir
     check_trainable(policy)
+    if settings.gradient_checkpointing:  # active in train mode only: generation (eval mode) keeps its cache
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if settings.lora:
         peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
         policy = peft.get_peft_model(policy, lora_config(settings.lora))
@@ -337,28 +340,46 @@ def _pack(
 
 def _token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float
-) -> torch.Tensor:
-    """Log-probabilities (B, T - start, V) of the tokens from ``start`` on, at the sampling temperature.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (B, T - start) of the tokens from ``start`` on at the sampling temperature, and the entropy
+    of each position's distribution.
 
-    Logits are computed only for those positions (``logits_to_keep``): the prompt needs none, and the lm_head over
-    the full vocabulary is the costliest layer of a small model. The head all rows share (system prompt, tool
-    schemas: often half of every sequence) is run once and its key/value states broadcast to every row; gradients
-    flow back through the broadcast, so the result equals running each row in full.
+    The model returns final hidden states, and the output head turns them into log-probabilities a slice at a time
+    (``logprobs.chosen_logprobs``): logits over the full vocabulary never exist for the whole batch. Only positions
+    from ``start`` on are read: the prompt needs none. The head all rows share (system prompt, tool schemas: often
+    half of every sequence) is run once and its key/value states broadcast to every row; gradients flow back through
+    the broadcast, so the result equals running each row in full.
     """
-    keep = input_ids.shape[1] - start + 1  # position t predicts token t + 1
-    head = _shared_head(input_ids, start)
+    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    head = 0 if checkpointing else _shared_head(input_ids, start)  # checkpointed layers keep no key/value states
+    last = {"logits_to_keep": 1, "output_hidden_states": True}  # one position of logits: the head is applied below
     if not head:
-        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits
+        hidden = model(input_ids=input_ids, attention_mask=attention, use_cache=False, **last).hidden_states[-1]
     else:
         rows, width = input_ids.shape
-        states = model(input_ids=input_ids[:1, :head], use_cache=True).past_key_values
+        states = model(input_ids=input_ids[:1, :head], use_cache=True, logits_to_keep=1).past_key_values
         broadcast = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
                      for layer in states.layers]
         positions = torch.arange(head, width, device=input_ids.device).expand(rows, -1)
-        logits = model(input_ids=input_ids[:, head:], attention_mask=attention, position_ids=positions,
-                       past_key_values=DynamicCache(ddp_cache_data=broadcast, config=model.config),
-                       logits_to_keep=keep).logits
-    return torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
+        hidden = model(input_ids=input_ids[:, head:], attention_mask=attention, position_ids=positions,
+                       past_key_values=DynamicCache(ddp_cache_data=broadcast, config=model.config), **last
+                       ).hidden_states[-1]
+    hidden = hidden[:, start - 1 - head : input_ids.shape[1] - 1 - head]  # (B, L, H): position t predicts t + 1
+    return chosen_logprobs(hidden, _output_head(model), input_ids[:, start:], temperature)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _output_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The model's hidden-states-to-logits layer, with the logit soft-capping some families (Gemma 2) apply."""
+    inner = _unwrap(model)
+    linear = inner.get_output_embeddings()
+    cap = getattr(inner.config, "final_logit_softcapping", None)
+    if not cap:
+        return linear
+    return lambda hidden: torch.tanh(linear(hidden) / cap) * cap
 
 
 def _shared_head(input_ids: torch.Tensor, start: int) -> int:
@@ -380,13 +401,11 @@ def _policy_loss(
     normaliser: float,
 ) -> dict[str, Any]:
     input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
-    targets = input_ids[:, start:].unsqueeze(-1)  # (B, L, 1): the tokens that can carry loss
     mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
     old = batch["old_logprobs"][:, start:]
     advantages = batch["advantages"][:, start:]
 
-    log_probs = _token_logprobs(policy, input_ids, attention, start, settings.temperature)  # (B, L, V)
-    logprobs = log_probs.gather(-1, targets).squeeze(-1)  # (B, L)
+    logprobs, entropy = _token_logprobs(policy, input_ids, attention, start, settings.temperature)  # (B, L) each
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
@@ -396,8 +415,7 @@ def _policy_loss(
     if settings.kl_coef > 0:
         with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
             ref_model = policy if reference is None else reference
-            ref_logprobs = _token_logprobs(ref_model, input_ids, attention, start, settings.temperature)
-            ref_logprobs = ref_logprobs.gather(-1, targets).squeeze(-1)
+            ref_logprobs, _ = _token_logprobs(ref_model, input_ids, attention, start, settings.temperature)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
         per_token = per_token + settings.kl_coef * kl
@@ -408,7 +426,6 @@ def _policy_loss(
         loss = (per_token * mask).sum() / normaliser
 
     with torch.no_grad():
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
         n = mask.sum().clamp(min=1)
         clip_fraction = (((ratio - 1).abs() > settings.clip_eps).float() * mask).sum() / n
         stats = {

@@ -67,6 +67,7 @@ def run_sft(
         warmup_steps=settings.warmup_steps,
         lr_scheduler_type=settings.lr_scheduler,
         weight_decay=settings.weight_decay,
+        gradient_checkpointing=settings.gradient_checkpointing,
         logging_steps=settings.logging_steps,
         save_steps=settings.save_steps,
         save_total_limit=2,

@@ -1,0 +1,324 @@
+"""Peak memory of one RL update with a real vocabulary, trajlab vs TRL's GRPOTrainer loss; rollouts vs their floor.
+
+    python benchmarks/rl_memory.py                      # updates at 512, 2048 and 8192 tokens; rollout batch
+    python benchmarks/rl_memory.py --quick              # smoke check: short episodes, small rollout batch
+
+Every measurement runs in its own fresh interpreter, one after the other, so peaks never mix; the peak is the child's
+``ru_maxrss`` (whole process: interpreter, torch, model, optimizer, the step), and "step" is that peak minus the
+resident memory just before the measured work began.
+
+1. **Update** on a model with Qwen3's real vocabulary (151,936) and the tiny model's shape (``TINY_MODEL_CONFIG``:
+   4 layers, hidden 192, tied embeddings; about 30M parameters, float32, random weights, built from the config),
+   a batch of ``--batch`` episodes of L tokens each (``--prompt-tokens`` of prompt, the rest model tokens, all with
+   loss), synthetic token ids. One forward + backward + AdamW step, no KL term, temperature 1:
+   - ``trajlab``: ``trajlab.train.rl._policy_loss`` (GRPO, clipped ratio against the rollout's logprobs);
+   - ``trl``: ``GRPOTrainer._compute_loss`` of a real TRL 1.16 trainer built on the same model (``loss_type="grpo"``,
+     ``beta=0``), fed the same batch as its ``inputs`` dict (prompt/completion ids and masks, per-sequence
+     advantages); TRL's trainer adds its fused, tiled LM head to the model as it always does;
+   - ``naive``: main's code before this change (full float32 ``log_softmax`` over (B, L, V), entropy from it), kept
+     here only to show the difference; skipped above ``--naive-max`` tokens (8192 x 151,936 x 4 bytes is 5 GB per
+     sequence, several times over with autograd).
+   Both then run ``backward()`` and the same ``torch.optim.AdamW`` step.
+2. **Rollout batch** on the tiny model (``init_tiny_model``): ``--rollout-batch`` prompts of ``--rollout-prompt``
+   random tokens, each continued by exactly ``--rollout-tokens`` tokens (the model's eos is unset for both, so no
+   row stops early), sampled at temperature 1:
+   - ``trajlab``: ``HFGenerator.generate`` for every prompt at once (one batch), logprobs and prefix states kept;
+   - ``generate``: plain ``model.generate(..., use_cache=True)`` on the same left-padded prompts: the floor.
+   Wall time is the median of ``--repeats`` timed batches after one warm-up; trajlab's prefix cache is cleared
+   between repeats so each batch reads its prompts again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+QWEN3_VOCAB = 151_936
+ROLLOUTS = ("generate", "trajlab")
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+
+
+# --- update workers ---
+
+
+def real_vocab_model(seed: int) -> Any:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trajlab.models import TINY_MODEL_CONFIG
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=QWEN3_VOCAB, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                         **TINY_MODEL_CONFIG)
+    return Qwen3ForCausalLM(config).train()
+
+
+def synthetic_batch(batch: int, length: int, prompt: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(2, QWEN3_VOCAB, (batch, length), generator=generator)  # (B, T)
+    completion = length - prompt
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "loss_mask": torch.cat([torch.zeros(batch, prompt), torch.ones(batch, completion)], dim=1),
+        "old_logprobs": torch.cat([torch.zeros(batch, prompt), torch.full((batch, completion), -12.0)], dim=1),
+        "advantages": torch.cat([torch.zeros(batch, prompt), torch.linspace(-1, 1, batch)[:, None].expand(-1,
+                                                                                             completion)], dim=1),
+        "completion_start": prompt,
+    }
+
+
+def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int, temperature: float) -> Any:
+    """Main's path before this change: the full float32 log-softmax (B, L, V), gathered, and the entropy from it."""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=input_ids.shape[1] - start + 1).logits
+    log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # (B, L, V)
+    logprobs = log_probs.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logprobs, entropy
+
+
+def update_worker(framework: str, args: argparse.Namespace, length: int) -> dict[str, Any]:
+    import torch
+
+    from trajlab.config import RLSettings
+    from trajlab.train import logprobs, rl
+
+    if args.chunk_tokens:
+        logprobs.CHUNK_TOKENS = args.chunk_tokens
+
+    model = real_vocab_model(args.seed)
+    batch = synthetic_batch(args.batch, length, args.prompt_tokens, args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    settings = RLSettings(kl_coef=0.0, temperature=1.0, estimator="grpo")
+    if framework == "trl":
+        trainer = trl_trainer(model, args)
+        model = trainer.model
+        completion = slice(args.prompt_tokens, None)
+        inputs = {
+            "prompt_ids": batch["input_ids"][:, : args.prompt_tokens],
+            "prompt_mask": batch["attention_mask"][:, : args.prompt_tokens],
+            "completion_ids": batch["input_ids"][:, completion],
+            "completion_mask": batch["attention_mask"][:, completion],
+            "advantages": batch["advantages"][:, args.prompt_tokens],  # (B,): one advantage per sequence
+            "old_per_token_logps": batch["old_logprobs"][:, completion],
+        }
+
+        def loss() -> Any:
+            return trainer._compute_loss(model, inputs)
+    else:
+        if framework == "naive":
+            rl._token_logprobs = naive_token_logprobs
+
+        def loss() -> Any:
+            return rl._policy_loss(model, None, batch, settings, normaliser=float(args.batch))["loss_tensor"]
+
+    before = rss_bytes()
+    began = time.perf_counter()
+    loss().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    seconds = time.perf_counter() - began
+    return {"peak": peak_bytes(), "before": before, "seconds": seconds}
+
+
+def trl_trainer(model: Any, args: argparse.Namespace) -> Any:
+    """A real GRPOTrainer around ``model`` (its constructor patches in TRL's fused LM head); no training loop runs."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trajlab.models import load_tokenizer
+
+    tokenizer: PreTrainedTokenizerFast = load_tokenizer(args.tiny_model)  # a processing class; ids are synthetic
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="rl-memory-trl-"), use_cpu=True, bf16=False, report_to="none",
+        # GRPO's config checks need a group of 2 or more; the loss below runs on the given batch, whatever its size.
+        save_strategy="no", per_device_train_batch_size=max(2, args.batch), num_generations=max(2, args.batch),
+        gradient_accumulation_steps=1, beta=0.0, loss_type="grpo", temperature=1.0, disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+                          args=config, train_dataset=Dataset.from_list([{"prompt": "x"}] * max(2, args.batch)),
+                          processing_class=tokenizer)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which does not run here
+    return trainer
+
+
+# --- rollout workers ---
+
+
+def rollout_runner(framework: str, args: argparse.Namespace) -> Any:
+    """A function that generates the benchmark's rollout batch once and returns each row's new-token count."""
+    import asyncio
+
+    import torch
+
+    from trajlab.inference.base import GenerationRequest, SamplingParams
+    from trajlab.inference.hf import HFGenerator
+    from trajlab.models import load_model, load_tokenizer
+
+    model = load_model(args.tiny_model).eval()
+    tokenizer = load_tokenizer(args.tiny_model)
+    model.generation_config.eos_token_id = None  # every row generates exactly --rollout-tokens tokens
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = [torch.randint(3, len(tokenizer), (args.rollout_prompt,), generator=generator).tolist()
+               for _ in range(args.rollout_batch)]
+    n = args.rollout_tokens
+    if framework == "trajlab":
+        hf = HFGenerator(model, tokenizer, max_batch_size=len(prompts))
+        params = SamplingParams(max_new_tokens=n, temperature=1.0)
+
+        async def batch() -> list[Any]:
+            return await asyncio.gather(*(hf.generate(GenerationRequest(p, params)) for p in prompts))
+
+        def run() -> list[int]:
+            hf.prefix_cache.clear()  # each repeat reads its prompts again, as a first turn does
+            return [len(r.token_ids) for r in asyncio.run(batch())]
+
+        return run
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    @torch.inference_mode()
+    def run() -> list[int]:
+        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=n, do_sample=True,
+                             temperature=1.0, top_p=None, top_k=None, pad_token_id=pad, use_cache=True)
+        return [out.shape[1] - width] * len(prompts)
+
+    return run
+
+
+def rollout_worker(framework: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Peak memory of one framework's rollout batch (``framework``), or wall times of both, alternating ("both"):
+    on a shared machine, alternating keeps a burst of other work from landing on one side only."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    if framework != "both":
+        before = rss_bytes()
+        run = rollout_runner(framework, args)
+        counts = run()
+        return {"peak": peak_bytes(), "before": before, "tokens": sum(counts)}
+    runners = {name: rollout_runner(name, args) for name in ROLLOUTS}
+    counts = {name: sum(run()) for name, run in runners.items()}  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in ROLLOUTS}
+    for _ in range(args.repeats):
+        for name, run in runners.items():
+            began = time.perf_counter()
+            counts[name] = sum(run())
+            times[name].append(time.perf_counter() - began)
+    return {name: {"seconds": statistics.median(times[name]), "times": times[name], "tokens": counts[name]}
+            for name in ROLLOUTS}
+
+
+# --- the driver ---
+
+
+def run_child(args: argparse.Namespace, kind: str, framework: str, length: int = 0) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as result:
+        command = [sys.executable, __file__, "--worker", kind, framework, str(length), result.name,
+                   *sys.argv[1:]]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            return {"error": f"exit {done.returncode}: {tail[0][:200]}"}
+        return json.loads(Path(result.name).read_text())
+
+
+def gb(value: float) -> str:
+    return f"{value / 2**30:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192], help="tokens per episode")
+    parser.add_argument("--batch", type=int, default=2, help="episodes per update")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--chunk-tokens", type=int, help="trajlab's logprobs.CHUNK_TOKENS (default: its own)")
+    parser.add_argument("--naive-max", type=int, default=2048, help="longest episode the naive path runs at")
+    parser.add_argument("--rollout-batch", type=int, default=32)
+    parser.add_argument("--rollout-prompt", type=int, default=256)
+    parser.add_argument("--rollout-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-rl-memory")
+    parser.add_argument("--quick", action="store_true", help="lengths 256 512, rollouts 8 x 32 tokens")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.quick:
+        args.lengths, args.rollout_batch, args.rollout_tokens, args.repeats = [256, 512], 8, 32, 1
+    args.tiny_model = args.work_dir / f"tiny-seed{args.seed}"
+
+    if args.worker:
+        kind, framework, length, out = args.worker
+
+        result = (update_worker(framework, args, int(length)) if kind == "update" else rollout_worker(framework, args))
+        Path(out).write_text(json.dumps(result))
+        return
+
+    from trajlab.models import init_tiny_model
+
+    if not (args.tiny_model / "config.json").exists():
+        init_tiny_model(args.tiny_model, seed=args.seed, overwrite=True)
+    print(f"update: vocab {QWEN3_VOCAB}, batch {args.batch}, prompt {args.prompt_tokens} tokens, no KL, AdamW")
+    print("| tokens/episode | framework | peak RSS GB | step's own GB | update s |")
+    print("|---|---|---|---|---|")
+    for length in args.lengths:
+        for framework in ("trajlab", "trl", "naive"):
+            if framework == "naive" and length > args.naive_max:
+                print(f"| {length} | naive (main before) | skipped (> --naive-max {args.naive_max}) | | |")
+                continue
+            r = run_child(args, "update", framework, length)
+            label = {"naive": "naive (main before)"}.get(framework, framework)
+            if "error" in r:
+                print(f"| {length} | {label} | {r['error']} | | |", flush=True)
+            else:
+                print(f"| {length} | {label} | {gb(r['peak'])} | {gb(r['peak'] - r['before'])} | "
+                      f"{r['seconds']:.2f} |", flush=True)
+
+    print(f"\nrollout batch: tiny model, {args.rollout_batch} prompts x {args.rollout_prompt} tokens, "
+          f"{args.rollout_tokens} new tokens each, temperature 1; wall time: median of {args.repeats}, alternating")
+    print("| framework | s/batch | all runs s | generated tokens | tokens/s | peak RSS GB | time vs generate |")
+    print("|---|---|---|---|---|---|---|")
+    timed = run_child(args, "rollout", "both")
+    for framework in ROLLOUTS:
+        memory = run_child(args, "rollout", framework)
+        if "error" in timed or "error" in memory:
+            print(f"| {framework} | {timed.get('error') or memory.get('error')} | | | | | |")
+            continue
+        r = timed[framework]
+        runs = " ".join(f"{t:.2f}" for t in r["times"])
+        print(f"| {framework} | {r['seconds']:.3f} | {runs} | {r['tokens']} | {r['tokens'] / r['seconds']:.0f} | "
+              f"{gb(memory['peak'])} | {r['seconds'] / timed['generate']['seconds']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
