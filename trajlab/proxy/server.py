@@ -39,7 +39,8 @@ class ServeConfig:
 
 
 def build_app(config: ServeConfig) -> FastAPI:
-    """Load tokenizer, chat template, parser and model; one ``hf`` generator serves every request.
+    """Load tokenizer, chat template, parser and model; one generator (``model.backend``: hf or vllm) serves every
+    request.
 
     With ``upstream`` set nothing is loaded: calls are forwarded there and recorded (``proxy.upstream``).
 
