@@ -192,6 +192,12 @@ class RLSettings(Section):
     """Gradient-norm clipping."""
     gradient_checkpointing: bool = False
     """Recompute layer activations in the backward pass instead of keeping them: less memory, one more forward."""
+    importance_sampling: Literal["auto", "on", "off"] = "auto"
+    """Correct for a sampler that is not the trainer's own forward pass (vllm): the clipped ratio is taken against
+    the trainer's recomputed logprobs, and each token is weighted by min(p_trainer / p_sampler, importance_cap).
+    auto: on whenever such a sampler rolls out, off for the hf backend (which samples from the trained model)."""
+    importance_cap: float = Field(2.0, ge=1)
+    """Upper bound of the truncated importance weight p_trainer / p_sampler."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
     lora: LoraSettings | None = None

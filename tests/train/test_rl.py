@@ -12,8 +12,9 @@ from trajlab.chat.template import resolve_chat_template
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.env import load_env
 from trajlab.env.mixture import load_envs
+from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import load_model, load_tokenizer
+from trajlab.models import init_tiny_model, load_model, load_tokenizer
 from trajlab.rollout.engine import make_engine
 from trajlab.rollout.types import TokenRecord, Trajectory, task_id
 from trajlab.train import rl
@@ -248,3 +249,100 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_and_runs_a_ste
            tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and record["update_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(tmp_path_factory):
+    """A second tiny model (other weights, same tokenizer): a sampler that is not the trainer."""
+    return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny-seed1", seed=1)
+
+
+def sampled_by(sampler, trainer, tokenizer, masks):
+    """Trajectories whose logprobs are ``sampler``'s, to be trained on by ``trainer``; and the trainer's logprobs."""
+    sampled = [trajectory_with_model_logprobs(sampler, tokenizer, mask) for mask in masks]
+    own = [trajectory_with_model_logprobs(trainer, tokenizer, mask) for mask in masks]
+    return sampled, [[lp or 0.0 for lp in t.tokens.logprobs] for t in own]
+
+
+def test_off_policy_correction_weights_each_token_by_the_truncated_importance_ratio(tiny_model_dir, other_model_dir,
+                                                                                     tiny_tokenizer):
+    trainer, sampler = load_model(tiny_model_dir).train(), load_model(other_model_dir)
+    masks = [[1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1]]
+    sampled, trainer_lp = sampled_by(sampler, trainer, tiny_tokenizer, masks)
+    advantages = [[0.7 * bit for bit in masks[0]], [-0.4 * bit for bit in masks[1]]]
+    settings = RLSettings(importance_cap=1.5)
+    pad = tiny_tokenizer.pad_token_id
+    batch = _pack(sampled, advantages, pad, torch.device("cpu"), trainer_lp)
+
+    trainer.zero_grad()
+    _policy_loss(trainer, None, batch, settings, normaliser=2.0)["loss_tensor"].backward()
+    corrected = torch.cat([p.grad.flatten() for p in trainer.parameters()])
+
+    # By hand: the ratio against the trainer's own logprobs is 1 before any step, so each token's gradient is
+    # -A * w * grad(log p) with w = min(p_trainer / p_sampler, cap), a sequence mean per rollout (grpo).
+    trainer.zero_grad()
+    start = batch["completion_start"]
+    logprobs, _ = _token_logprobs(trainer, batch["input_ids"], batch["attention_mask"], start, 1.0)
+    mask, sampler_lp = batch["loss_mask"][:, start:], batch["old_logprobs"][:, start:]
+    weight = torch.exp(batch["trainer_logprobs"][:, start:] - sampler_lp).clamp(max=1.5)
+    assert ((weight < 1.5) & (mask > 0)).any() and ((weight == 1.5) & (mask > 0)).any(), "some weights capped"
+    per_token = -(weight * batch["advantages"][:, start:] * logprobs)
+    ((per_token * mask).sum(-1) / mask.sum(-1)).sum().div(2.0).backward()
+    by_hand = torch.cat([p.grad.flatten() for p in trainer.parameters()])
+    assert corrected.abs().sum() > 0 and torch.allclose(corrected, by_hand, atol=1e-6, rtol=1e-4)
+
+    trainer.zero_grad()  # uncorrected: the sampler's logprobs as the old policy, a different gradient
+    _policy_loss(trainer, None, _pack(sampled, advantages, pad, torch.device("cpu")), settings, 2.0)[
+        "loss_tensor"].backward()
+    assert not torch.allclose(torch.cat([p.grad.flatten() for p in trainer.parameters()]), by_hand, atol=1e-4)
+
+
+def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_model_dir, other_model_dir,
+                                                                        tiny_tokenizer):
+    masks = [[1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1], [1, 1]]
+    advantages = [[0.5] * 5, [-0.5] * 6, [0.0] * 2]
+    settings = RLSettings(importance_cap=1.5)
+    pad = tiny_tokenizer.pad_token_id
+    for sampler_dir in (other_model_dir, tiny_model_dir):
+        trainer = load_model(tiny_model_dir).train()
+        sampled, trainer_lp = sampled_by(load_model(sampler_dir), trainer, tiny_tokenizer, masks)
+        delta = torch.tensor([t - s.tokens.logprobs[i] for s, lps in zip(sampled, trainer_lp, strict=True)
+                              for i, t in enumerate(lps) if s.tokens.loss_mask[i]])
+        optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        stats = {}
+        for correct in (True, False):
+            stats[correct] = _update(trainer, None, optimizer, scheduler, Accelerator(cpu=True),
+                                     sampled, advantages, settings, 16, pad, correct=correct)
+            trainer.load_state_dict(load_model(tiny_model_dir).state_dict())
+        measured = stats[True]
+        assert measured["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)
+        assert measured["mismatch/kl"] == pytest.approx((delta.exp() - delta - 1).mean().item(), abs=1e-5)
+        assert measured["mismatch/clipped_share"] == pytest.approx((delta.exp() > 1.5).float().mean().item())
+        if sampler_dir == tiny_model_dir:  # on-policy: nothing to correct
+            assert measured["mismatch/abs_logprob"] < 1e-5 and measured["mismatch/clipped_share"] == 0.0
+        else:
+            assert measured["mismatch/abs_logprob"] > 0.1 and measured["mismatch/clipped_share"] > 0.0
+        # Without the correction the mismatch is still measured, on the rollouts trained before the first step.
+        trained = torch.tensor([bool(any(a)) for a, s in zip(advantages, sampled, strict=True)
+                                for bit in s.tokens.loss_mask if bit])
+        assert stats[False]["mismatch/abs_logprob"] == pytest.approx(delta[trained].abs().mean().item(), abs=1e-5)
+
+
+def test_a_sampler_other_than_the_trainer_is_corrected_by_default(tiny_model_dir, other_model_dir, tmp_path):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    settings, rollout = tiny_settings(steps=1, kl_coef=0.01, importance_cap=1.2)  # KL: every rollout is trained on
+    records = {}
+    for name, mode, sampler in (("stale", "auto", HFGenerator(load_model(other_model_dir), tokenizer)),
+                                ("own", "auto", None), ("off", "off", HFGenerator(load_model(other_model_dir),
+                                                                                  tokenizer))):
+        out = tmp_path / name
+        run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"),
+               settings.model_copy(update={"importance_sampling": mode}), rollout, out, sampler=sampler)
+        records[name] = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert records["own"]["mismatch/abs_logprob"] < 1e-3, "the hf backend samples from the trained model itself"
+    assert records["stale"]["mismatch/abs_logprob"] > 0.1 and records["stale"]["mismatch/clipped_share"] > 0
+    assert records["off"]["mismatch/abs_logprob"] > 0.1  # measured, not corrected
+    with pytest.raises(ValueError, match="importance_sampling"):
+        RLSettings(importance_sampling="sometimes")

@@ -8,7 +8,10 @@ One step, top to bottom:
 4. one optimizer step per minibatch (by default the whole batch), accumulated over micro-batches: recompute token
    logprobs, clipped ratio against the rollout's logprobs, optional KL to the starting policy, loss on model tokens
    only (``loss_mask``; padding is tracked by ``attention_mask``). Rollouts whose advantage is zero everywhere
-   contribute no gradient and, without a KL term, are not run through the model at all.
+   contribute no gradient and, without a KL term, are not run through the model at all. When another engine
+   sampled (vLLM), its logprobs are not the trainer's: the ratio is taken against the trainer's own logprobs,
+   recomputed before the update, and each token is weighted by the truncated importance weight
+   min(p_trainer / p_sampler, cap) (``rl.importance_sampling``); the mismatch is logged every step.
 Runs through accelerate, so the same loop trains on several GPUs (each process rolls out its share of tasks).
 """
 
@@ -130,6 +133,8 @@ def run_rl(
     if start and isinstance(generator, WeightSyncedGenerator):  # it started from model_dir, not the checkpoint
         generator.load_weights(model)
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
+    # The hf backend samples from the very model being trained; any other sampler needs the correction.
+    correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and sampler is not None)
     metrics_file = (out_dir / "metrics.jsonl").open("a")
     for step in range(start, settings.steps):
         # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
@@ -151,7 +156,7 @@ def run_rl(
         started = time.perf_counter()
         with _synced_sampler(generator, model):
             update = _update(policy, reference, optimizer, scheduler, accelerator, trajectories, token_advantages,
-                             settings, token_budget, tokenizer.pad_token_id or 0)
+                             settings, token_budget, tokenizer.pad_token_id or 0, correct=correct)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
@@ -251,10 +256,25 @@ def _update(
     settings: RLSettings,
     token_budget: int,
     pad_id: int,
+    *,
+    correct: bool = False,
 ) -> dict[str, float]:
+    """One step's optimizer steps over its rollouts; returns the step's loss statistics and the sampler-trainer
+    mismatch (``mismatch/...``).
+
+    ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed for
+    every rollout first (the "old" policy of the clipped ratio) and each token's loss is weighted by the truncated
+    importance weight. Without it the mismatch is measured on the passes before the first optimizer step.
+    """
     usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
     if not usable:
         return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
+    lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
+    trainer_logprobs: dict[int, list[float]] = {}
+    mismatch = _MismatchSums()
+    if correct:
+        trainer_logprobs = _trainer_logprobs(policy, trajectories, sorted(usable, key=lengths.__getitem__), settings,
+                                             pad_id, accelerator.device, mismatch)
     # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the gradient
     # without a KL term: skip its forward and backward. Normalisers still count it, so the step is the same. Several
     # processes keep every pass, since DDP expects the same number of backward passes from each.
@@ -263,7 +283,6 @@ def _update(
         silent = {i for i in usable if not any(token_advantages[i])}
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     passes = steps = 0
-    lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
     per_step = settings.minibatch_size or len(usable)
     for _ in range(settings.epochs_per_step):
         order = [usable[i] for i in torch.randperm(len(usable)).tolist()]
@@ -275,9 +294,11 @@ def _update(
             for first in range(0, len(trained), settings.micro_batch_size):
                 chosen = trained[first : first + settings.micro_batch_size]
                 batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
-                              accelerator.device)
+                              accelerator.device, [trainer_logprobs[i] for i in chosen] if correct else None)
                 stats = _policy_loss(policy, reference, batch, settings, normaliser)
                 accelerator.backward(stats.pop("loss_tensor"))
+                if not correct and steps == 0:  # the weights that sampled: the mismatch is the engines' difference
+                    mismatch.add(stats.pop("trainer_logprobs"), batch, settings.importance_cap)
                 for key in totals:
                     totals[key] += stats[key]
                 passes += 1
@@ -288,7 +309,67 @@ def _update(
             steps += 1
     # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
     averages = {key: value / max(1, passes) for key, value in totals.items()}
-    return averages | {"loss": totals["loss"] / steps, "trained_sequences": len(usable) - len(silent)}
+    return (averages | {"loss": totals["loss"] / steps, "trained_sequences": len(usable) - len(silent)}
+            | mismatch.means())
+
+
+class _MismatchSums:
+    """Token sums of the sampler-trainer mismatch over a step's model tokens.
+
+    With the sampler's logprob s and the trainer's t of each sampled token: mean |t - s|; the KL from sampler to
+    trainer by the k3 estimator (exp(t - s) - (t - s) - 1, unbiased under the sampler's samples, never negative);
+    and the share of tokens whose importance weight exp(t - s) exceeds the cap.
+    """
+
+    def __init__(self) -> None:
+        self.abs_logprob = self.kl = self.clipped = self.tokens = 0.0
+
+    def add(self, trainer: torch.Tensor, batch: dict[str, Any], cap: float) -> None:
+        start = batch["completion_start"]
+        mask, delta = batch["loss_mask"][:, start:], trainer.detach() - batch["old_logprobs"][:, start:]
+        self.abs_logprob += (delta.abs() * mask).sum().item()
+        self.kl += ((torch.exp(delta) - delta - 1) * mask).sum().item()
+        self.clipped += ((torch.exp(delta) > cap).float() * mask).sum().item()
+        self.tokens += mask.sum().item()
+
+    def means(self) -> dict[str, float]:
+        if not self.tokens:
+            return {}
+        return {"mismatch/abs_logprob": self.abs_logprob / self.tokens, "mismatch/kl": self.kl / self.tokens,
+                "mismatch/clipped_share": self.clipped / self.tokens}
+
+
+@torch.no_grad()
+def _trainer_logprobs(
+    policy: torch.nn.Module,
+    trajectories: list[Trajectory],
+    order: list[int],
+    settings: RLSettings,
+    pad_id: int,
+    device: torch.device,
+    mismatch: _MismatchSums,
+) -> dict[int, list[float]]:
+    """The trained model's logprob of every completion token of each rollout, before any optimizer step: the "old"
+    policy of the clipped ratio when another engine sampled. Eval mode, as sampling ran; micro-batches of
+    similar lengths."""
+    model = _unwrap(policy)
+    training = model.training
+    model.eval()
+    out: dict[int, list[float]] = {}
+    try:
+        for first in range(0, len(order), settings.micro_batch_size):
+            chosen = order[first : first + settings.micro_batch_size]
+            rows = [trajectories[i] for i in chosen]
+            batch = _pack(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows], pad_id, device)
+            logprobs, _ = _token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                          batch["completion_start"], settings.temperature)
+            mismatch.add(logprobs, batch, settings.importance_cap)
+            for row, (index, trajectory) in enumerate(zip(chosen, rows, strict=True)):
+                offset = len(trajectory.tokens.prompt_ids) - batch["completion_start"]
+                out[index] = logprobs[row, offset : offset + len(trajectory.tokens.completion_ids)].tolist()
+    finally:
+        model.train(training)
+    return out
 
 
 def _loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
@@ -305,21 +386,35 @@ def _loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budge
 
 
 def _pack(
-    trajectories: list[Trajectory], advantages: list[list[float]], pad_id: int, device: torch.device
+    trajectories: list[Trajectory],
+    advantages: list[list[float]],
+    pad_id: int,
+    device: torch.device,
+    trainer_logprobs: list[list[float]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Right-padded (B, T) tensors; padding is marked in attention_mask, never inferred from token ids.
 
-    ``completion_start`` is the shortest prompt: no position before it carries loss, so no logits are needed there.
+    ``old_logprobs`` are the sampler's; ``trainer_logprobs`` (when given) the trainer's own, recomputed for the
+    off-policy correction. ``completion_start`` is the shortest prompt: no position before it carries loss, so no
+    logits are needed there.
+
+    Raises:
+        ValueError: a model token has no sampler logprob (a backend that returned none cannot be trained on).
     """
     rows = []
-    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+    for index, (trajectory, advantage) in enumerate(zip(trajectories, advantages, strict=True)):
         tokens = trajectory.tokens
+        if any(lp is None for lp, bit in zip(tokens.logprobs, tokens.loss_mask, strict=True) if bit):
+            raise ValueError(f"trajectory {trajectory.id!r} has model tokens without the sampler's logprob: RL needs "
+                             "them for its ratio; roll out with a backend that returns logprobs (hf, vllm).")
         prompt = len(tokens.prompt_ids)
+        trainer = trainer_logprobs[index] if trainer_logprobs is not None else []
         rows.append((
             tokens.prompt_ids + tokens.completion_ids,
             [0] * prompt + tokens.loss_mask,
             [0.0] * prompt + [lp if lp is not None else 0.0 for lp in tokens.logprobs],
             [0.0] * prompt + advantage,
+            [0.0] * prompt + trainer,
         ))
     width = max(len(row[0]) for row in rows)
 
@@ -328,7 +423,7 @@ def _pack(
                             device=device)
 
     attention = torch.tensor([[1] * len(row[0]) + [0] * (width - len(row[0])) for row in rows], device=device)
-    return {
+    batch = {
         "input_ids": column(0, pad_id, torch.long),
         "attention_mask": attention,
         "loss_mask": column(1, 0, torch.float32),
@@ -336,6 +431,9 @@ def _pack(
         "advantages": column(3, 0.0, torch.float32),
         "completion_start": min(len(t.tokens.prompt_ids) for t in trajectories),
     }
+    if trainer_logprobs is not None:
+        batch["trainer_logprobs"] = column(4, 0.0, torch.float32)
+    return batch
 
 
 def _token_logprobs(
@@ -402,14 +500,18 @@ def _policy_loss(
 ) -> dict[str, Any]:
     input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
     mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
-    old = batch["old_logprobs"][:, start:]
+    sampler = batch["old_logprobs"][:, start:]
     advantages = batch["advantages"][:, start:]
+    corrected = "trainer_logprobs" in batch
+    old = batch["trainer_logprobs"][:, start:] if corrected else sampler
 
     logprobs, entropy = _token_logprobs(policy, input_ids, attention, start, settings.temperature)  # (B, L) each
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if corrected:  # truncated importance sampling: the tokens came from the sampler, not from `old`
+        per_token = per_token * torch.exp(old - sampler).clamp(max=settings.importance_cap)
 
     kl = torch.zeros_like(per_token)
     if settings.kl_coef > 0:
@@ -434,7 +536,7 @@ def _policy_loss(
             "entropy": ((entropy * mask).sum() / n).item(),
             "clip_fraction": clip_fraction.item(),
         }
-    return stats | {"loss_tensor": loss}
+    return stats | {"loss_tensor": loss, "trainer_logprobs": logprobs.detach()}
 
 
 def _step_metrics(
