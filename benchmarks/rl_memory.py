@@ -259,7 +259,8 @@ def gb(value: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192], help="tokens per episode")
+    parser.add_argument("--lengths", type=int, nargs="*", default=[512, 2048, 8192],
+                        help="tokens per episode (none: only the rollout comparison)")
     parser.add_argument("--batch", type=int, default=2, help="episodes per update")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--chunk-tokens", type=int, help="trajlab's logprobs.CHUNK_TOKENS (default: its own)")

@@ -15,6 +15,7 @@ and are validated by it, so a default, a YAML key and a keyword argument are one
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,8 @@ from trajlab.errors import UserError, require
 from trajlab.evaluation import EvalReport
 from trajlab.inference.policy import Policy, PolicyLike
 from trajlab.rollout.types import Trajectory
+
+logger = logging.getLogger(__name__)
 
 EnvLike = EnvSpec | EnvMixture | type | str | Sequence[str]
 """An EnvSpec or mixture, an env class, a registered name or import path, or several names (a mixture)."""
@@ -160,6 +163,7 @@ def sft(
     seed: int = 0,
     resume: bool = False,
     dataset: DatasetSettings | Mapping[str, Any] | None = None,
+    parser: str = "auto",
     device: str = "auto",
     dtype: str = "auto",
     **settings: Any,
@@ -169,9 +173,11 @@ def sft(
     Args:
         model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
         data: trajectories (successes are kept unless ``dataset={"include_failures": True}``), or a Hugging Face
-            dataset from :func:`trajlab.data.datasets.sft_dataset`.
+            dataset from :func:`trajlab.data.datasets.sft_dataset`. Trajectories pass the drift guard first
+            (:func:`without_drift`, ``max_drift`` in ``settings``).
         out: checkpoints, then ``out/final`` (LoRA merged).
         dataset: ``DatasetSettings`` applied when ``data`` is trajectories.
+        parser: the tool-call parser the trajectories were rolled out with (``rollout.parser``), for the guard.
         device, dtype: where training runs and the dtype a model directory is loaded in (``ModelSettings``).
         **settings: ``SFTSettings`` fields (``epochs``, ``max_steps``, ``learning_rate``, ``lora``...).
     """
@@ -181,13 +187,36 @@ def sft(
     from trajlab.train.sft import run_sft
 
     chosen = _settings(SFTSettings, settings)
+    loaded = _load_tokenizer(model, tokenizer)
     if not isinstance(data, datasets.Dataset):
         shaping = _settings(DatasetSettings, dataset or {})
-        data = sft_dataset(list(data), include_failures=shaping.include_failures,
-                           shortest_per_task=shaping.shortest_per_task, max_tokens=shaping.max_tokens)
+        data = sft_dataset(without_drift(data, loaded, parser=parser, max_drift=chosen.max_drift),
+                           include_failures=shaping.include_failures, shortest_per_task=shaping.shortest_per_task,
+                           max_tokens=shaping.max_tokens)
     placed = _model(device, dtype)
-    return run_sft(model, _load_tokenizer(model, tokenizer), data, out, chosen, seed=seed, resume=resume,
-                   device=placed.device, dtype=placed.dtype)
+    return run_sft(model, loaded, data, out, chosen, seed=seed, resume=resume, device=placed.device,
+                   dtype=placed.dtype)
+
+
+def without_drift(
+    trajectories: Iterable[Trajectory], tokenizer: Any, *, parser: str = "auto", max_drift: float = 0.0
+) -> list[Trajectory]:
+    """The trajectories whose tokens are the chat template's rendering of their messages, turn by turn (see
+    ``trajlab.rollout.drift``), under ``tokenizer``'s training template; the others are dropped and counted in the
+    log.
+
+    Raises:
+        TokenDriftError: more than ``max_drift`` of them drifted (0: any).
+    """
+    from trajlab.chat.parsers import get_parser
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.rollout.drift import check_token_drift
+
+    kept, drifts = check_token_drift(trajectories, tokenizer, resolve_chat_template(tokenizer),
+                                     get_parser(parser, tokenizer), max_drift=max_drift)
+    if drifts:
+        logger.warning("Token drift: %d trajectories dropped, first %s", len(drifts), drifts[0].describe())
+    return kept
 
 
 def rl(

@@ -153,6 +153,9 @@ class SFTSettings(Section):
     """Recompute layer activations in the backward pass instead of keeping them: less memory, one more forward."""
     logging_steps: int = Field(25, ge=1)
     """Optimizer steps between log lines."""
+    max_drift: float = Field(0.0, ge=0, le=1)
+    """Share of trajectories whose tokens may differ from their messages as the chat template renders them (they are
+    dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     save_steps: int = Field(100, ge=1)
     """Optimizer steps between checkpoints."""
     lora: LoraSettings | None = None
@@ -198,6 +201,9 @@ class RLSettings(Section):
     auto: on whenever such a sampler rolls out, off for the hf backend (which samples from the trained model)."""
     importance_cap: float = Field(2.0, ge=1)
     """Upper bound of the truncated importance weight p_trainer / p_sampler."""
+    max_drift: float = Field(0.0, ge=0, le=1)
+    """Share of trajectories whose tokens may differ from their messages as the chat template renders them (they are
+    dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
     lora: LoraSettings | None = None

@@ -16,6 +16,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.proxy import SessionRecorder, create_app
 from trajlab.proxy.export import DropRule, export_sessions, load_reward, rebuild_session, session_files
 from trajlab.proxy.recording import read_session
+from trajlab.rollout.drift import TokenDriftError, check_token_drift
 
 from .conftest import MODEL, running
 from .test_app import WEATHER
@@ -108,6 +109,14 @@ def test_a_multi_turn_session_exports_as_one_exact_trajectory(hf_server, tmp_pat
     assert tokens.loss_mask == expected_mask
     assert all(lp is None for lp, bit in zip(tokens.logprobs, tokens.loss_mask, strict=True) if not bit)
     assert len(tokens.completion_ids) == len(tokens.loss_mask) == len(tokens.logprobs)
+
+    # The drift guard reads a recorded session as one conversation: it passes, and one altered token is caught.
+    parser = get_parser("auto", tokenizer)
+    assert check_token_drift([trajectory], tokenizer, hf_server.template, parser) == ([trajectory], [])
+    corrupted = trajectory.model_copy(deep=True)
+    corrupted.tokens.completion_ids[-3] = corrupted.tokens.completion_ids[-3] - 1
+    with pytest.raises(TokenDriftError, match="turn 3 \\(conversation\\)"):
+        check_token_drift([corrupted], tokenizer, hf_server.template, parser)
 
 
 def test_an_edited_history_forks_and_sessions_never_mix(hf_server, tmp_path):

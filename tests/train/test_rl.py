@@ -346,3 +346,29 @@ def test_a_sampler_other_than_the_trainer_is_corrected_by_default(tiny_model_dir
     assert records["off"]["mismatch/abs_logprob"] > 0.1  # measured, not corrected
     with pytest.raises(ValueError, match="importance_sampling"):
         RLSettings(importance_sampling="sometimes")
+
+
+def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_path, monkeypatch):
+    """The guard sees a template whose prompt ends in one more token than the rollouts' (as when training under
+    another template than the one rolled out with): every trajectory drifts."""
+    from trajlab.chat.template import ChatTemplate
+    from trajlab.rollout import drift
+
+    class Shifted(ChatTemplate):
+        def prompt_ids(self, messages):
+            return super().prompt_ids(messages) + self.encode("\n")
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    settings, rollout = tiny_settings(steps=1, kl_coef=0.01)
+    run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "clean")
+    record = json.loads((tmp_path / "clean" / "metrics.jsonl").read_text())
+    assert record["drift/trajectories"] == 0 and record["trained_sequences"] == 4 and record["drift_check_s"] > 0
+
+    monkeypatch.setattr(drift, "ChatTemplate", Shifted)
+    with pytest.raises(drift.TokenDriftError, match=r"4 of 4 trajectories .* the prompt"):
+        run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "stops")
+    tolerant = settings.model_copy(update={"max_drift": 1.0})
+    run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), tolerant, rollout, tmp_path / "drops")
+    record = json.loads((tmp_path / "drops" / "metrics.jsonl").read_text())
+    assert record["drift/trajectories"] == 4 and record["trained_sequences"] == 0, "drifted rollouts are not trained"

@@ -91,7 +91,8 @@ def sft(
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
     final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
-                    device=settings.model.device, dtype=settings.model.dtype, **settings.sft.model_dump())
+                    parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
+                    **settings.sft.model_dump())
     console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
 
 

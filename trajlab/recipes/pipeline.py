@@ -23,7 +23,7 @@ from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
-from trajlab.models import init_tiny_model
+from trajlab.models import init_tiny_model, load_tokenizer
 from trajlab.rollout.types import Trajectory
 
 Log = Callable[[str], None]
@@ -123,10 +123,13 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
         statuses = sorted({f"{t.status} ({t.stop_reason})" for t in demos})
         raise ValueError(f"No successful demonstration in {run / 'demos.jsonl'} to fine-tune on (episodes ended: "
                          f"{', '.join(statuses)}); raise rollout.max_new_tokens or rollout.max_turns if truncated.")
-    dataset = sft_dataset(demos, include_failures=config.dataset.include_failures,
+    checked = api.without_drift(demos, load_tokenizer(model), parser=config.rollout.parser,
+                                max_drift=config.sft.max_drift)
+    dataset = sft_dataset(checked, include_failures=config.dataset.include_failures,
                           shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
     save_dataset(dataset, run / "sft_dataset")
-    log(f"sft: {len(dataset)} rows")
+    log(f"sft: {len(dataset)} rows ({len(demos) - len(checked)} of {len(demos)} demonstrations dropped for token "
+        "drift)")
     return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
                    **config.sft.model_dump())
 

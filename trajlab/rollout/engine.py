@@ -224,7 +224,7 @@ class RolloutEngine(EpisodeRunner):
             # wrote (minus the stop token) so the messages still match the tokens.
             raw = self.tokenizer.decode(result.token_ids[:-1], skip_special_tokens=False)
             parsed = ParsedResponse(content=raw, errors=parsed.errors)
-        state.messages.append(_assistant_message(parsed, turn))
+        state.messages.append(assistant_message(parsed, turn))
 
         # --- act: run the calls, let the env speak next, credit the turn's reward ---
         acting = bool(parsed.tool_calls or parsed.errors)
@@ -406,7 +406,8 @@ def _call_id(turn: int, index: int) -> str:
     return f"call_{turn}_{index}"
 
 
-def _assistant_message(parsed: ParsedResponse, turn: int) -> dict[str, Any]:
+def assistant_message(parsed: ParsedResponse, turn: int) -> dict[str, Any]:
+    """The message the engine records for a parsed model turn (turn numbers from 0 name its calls)."""
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning

@@ -43,6 +43,7 @@ from trajlab.errors import require
 from trajlab.inference.base import Generator, SamplingParams, WeightSyncedGenerator
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
+from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory, task_id
@@ -113,12 +114,13 @@ def run_rl(
 
     generator = sampler if sampler is not None else HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
     env, system_prompt = rollout.prompted(env)
+    parser = get_parser(rollout.parser, tokenizer)
     engine = make_engine(
         env,
         generator,
         tokenizer,
         chat_template=chat_template,
-        parser=get_parser(rollout.parser, tokenizer),
+        parser=parser,
         # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
         # exactly what _token_logprobs recomputes for the ratio
         sampling=SamplingParams(temperature=settings.temperature),
@@ -151,16 +153,24 @@ def run_rl(
         rewards = [score(t, settings.rewards) for t in trajectories]
         token_advantages, zero_variance = _advantages(trajectories, rewards, settings)
 
+        # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
+        started = time.perf_counter()
+        clean, drifts = check_token_drift(trajectories, tokenizer, chat_template, parser, max_drift=settings.max_drift)
+        drift_check_s = time.perf_counter() - started
+        clean_ids = {id(t) for t in clean}
+        kept = [i for i, t in enumerate(trajectories) if id(t) in clean_ids]
+
         # --- 4. policy-gradient update on model tokens ---
         model.train()
         started = time.perf_counter()
         with _synced_sampler(generator, model):
-            update = _update(policy, reference, optimizer, scheduler, accelerator, trajectories, token_advantages,
-                             settings, token_budget, tokenizer.pad_token_id or 0, correct=correct)
+            update = _update(policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
+                             [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
+                             correct=correct)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
-        record["generate_calls"] = generate_calls
+        record |= {"generate_calls": generate_calls, "drift/trajectories": len(drifts), "drift_check_s": drift_check_s}
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
         if on_step:
