@@ -113,7 +113,7 @@ class _Replay:
 
     def __init__(self, trajectory: Trajectory, chat: ChatTemplate, parser: ToolCallParser) -> None:
         tokens = trajectory.tokens
-        self.trajectory, self.chat, self.parser = trajectory, chat, parser
+        self.trajectory, self.chat, self.parser = trajectory, _PrefixRenders(chat, trajectory.messages), parser
         self.ids = tokens.prompt_ids + tokens.completion_ids
         self.trained = [0] * len(tokens.prompt_ids) + tokens.loss_mask
         self.messages = trajectory.messages
@@ -166,18 +166,19 @@ class _Replay:
         """What follows the model's turn: the template's closing tokens when nobody spoke next, else the delta of the
         messages up to the next model turn (with the generation prompt when one follows; either way at the end)."""
         history, new = self.messages[: index + 1], self.messages[index + 1 : following]
-        if not new:
-            candidates = [self.chat.closing_ids(history)]
-        elif following < len(self.messages):
-            candidates = [self.chat.observation_ids(history, new, add_generation_prompt=True)]
-        else:
-            candidates = [self.chat.observation_ids(history, new, add_generation_prompt=prompt)
-                          for prompt in (True, False)]
         if end == start and turn == len(self.assistants) and not any(self.trained[start:]):
             # The record stops right after the model's last turn (an episode that ended in an error there).
             return None
-        drifts = [self._compare(turn, "observation", start, expected, end) for expected in candidates]
-        return None if None in drifts else drifts[0]
+        if not new:
+            return self._compare(turn, "observation", start, self.chat.closing_ids(history), end)
+        last = following == len(self.messages)  # usually without the generation prompt: the env was done
+        drift = self._compare(turn, "observation", start,
+                              self.chat.observation_ids(history, new, add_generation_prompt=not last), end)
+        if drift is None or not last:
+            return drift
+        # ... or with it, when the episode's token budget ran out before the next turn.
+        prompted = self.chat.observation_ids(history, new, add_generation_prompt=True)
+        return self._compare(turn, "observation", start, prompted, end) and drift
 
     def _compare(self, turn: int, segment: Segment, start: int, expected: list[int], end: int) -> Drift | None:
         found = self.ids[start:end]
@@ -189,6 +190,25 @@ class _Replay:
         return Drift(self.trajectory.id, turn, segment, start + offset,
                      decode(expected[offset : offset + 8], skip_special_tokens=False)[:EXCERPT],
                      decode(found[offset : offset + 8], skip_special_tokens=False)[:EXCERPT])
+
+
+class _PrefixRenders(ChatTemplate):
+    """The chat template over prefixes of one conversation, each rendered once: replaying a turn asks for the same
+    prefixes two or three times, and rendering is nearly all of the guard's cost."""
+
+    def __init__(self, chat: ChatTemplate, messages: list[dict[str, Any]]) -> None:
+        self.__dict__.update(chat.__dict__)
+        self._conversation = messages
+        self._renders: dict[tuple[int, bool], str] = {}
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        n = len(messages)
+        if n > len(self._conversation) or (n and messages[-1] is not self._conversation[n - 1]):
+            return super().render(messages, add_generation_prompt=add_generation_prompt)  # not a prefix
+        key = (n, add_generation_prompt)
+        if key not in self._renders:
+            self._renders[key] = super().render(messages, add_generation_prompt=add_generation_prompt)
+        return self._renders[key]
 
 
 def _normal(message: dict[str, Any]) -> dict[str, Any]:
