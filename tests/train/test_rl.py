@@ -354,9 +354,8 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
     from trajlab.chat.template import ChatTemplate
     from trajlab.rollout import drift
 
-    class Shifted(ChatTemplate):
-        def prompt_ids(self, messages):
-            return super().prompt_ids(messages) + self.encode("\n")
+    def shifted(self, messages):
+        return ChatTemplate.prompt_ids(self, messages) + self.encode("\n")
 
     tokenizer = load_tokenizer(tiny_model_dir)
     template = resolve_chat_template(tokenizer)
@@ -365,7 +364,7 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
     record = json.loads((tmp_path / "clean" / "metrics.jsonl").read_text())
     assert record["drift/trajectories"] == 0 and record["trained_sequences"] == 4 and record["drift_check_s"] > 0
 
-    monkeypatch.setattr(drift, "ChatTemplate", Shifted)
+    monkeypatch.setattr(drift._PrefixRenders, "prompt_ids", shifted)  # the guard's view of the template only
     with pytest.raises(drift.TokenDriftError, match=r"4 of 4 trajectories .* the prompt"):
         run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "stops")
     tolerant = settings.model_copy(update={"max_drift": 1.0})
