@@ -7,11 +7,12 @@ stays light; see :mod:`trajlab.api`.
 from typing import Any
 
 from trajlab.env import Environment, EnvSpec, load_env, register
+from trajlab.errors import InfrastructureError
 from trajlab.rollout.check import EnvCheckError, check_env
 
 API = ("collect", "evaluate", "sft", "rl", "evolve")
 
-__all__ = ["EnvCheckError", "Environment", "EnvSpec", "check_env", "load_env", "register", *API]
+__all__ = ["EnvCheckError", "Environment", "EnvSpec", "InfrastructureError", "check_env", "load_env", "register", *API]
 __version__ = "0.1.0"
 
 

@@ -312,7 +312,8 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         env=spec, policy=policy, episodes=episodes, out=out, split=split, seed=seed,
         samples_per_task=samples_per_task, tasks_file=Path(tasks) if isinstance(tasks, str | Path) else None,
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
-        tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, system_prompt=system_prompt,
+        tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, retries=rollout.retries,
+        retry_backoff_s=rollout.retry_backoff_s, system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
         device=model.device, dtype=model.dtype, backend=model.backend,
     )

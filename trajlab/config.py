@@ -79,6 +79,11 @@ LimitSettings = create_model("LimitSettings", __base__=Section, **_overrides_of(
 class RolloutSettings(LimitSettings):
     concurrency: int = Field(32, ge=1)
     """Episodes run at once."""
+    retries: int = Field(2, ge=0)
+    """Times an episode that failed because of the machinery (status error: a generator or server error, an env
+    that could not start, an InfrastructureError) is run again before it is kept as an error."""
+    retry_backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first retry of an episode, doubling with each further one."""
     parser: str = "auto"
     """Tool-call parser: auto, hermes, llama3, response_template."""
     system_prompt: str | None = None

@@ -1,6 +1,7 @@
-"""Errors that are the user's to fix, and the optional-package check that raises one.
+"""Errors that are the user's to fix, the optional-package check that raises one, and the error that says an episode
+failed because of the machinery rather than the policy.
 
-The command line prints such an error as one line and exits 1; anything else is a bug and keeps its traceback.
+The command line prints a user's error as one line and exits 1; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ class UserError(ValueError):
 
 class MissingDependency(UserError):
     """An optional package a feature needs is not installed; the message says how to install it."""
+
+
+class InfrastructureError(RuntimeError):
+    """An episode failed because of the machinery, not the policy: a sandbox or service that could not start or
+    died, a tool killed by the host, a generator or server that failed.
+
+    Raised from env code or a tool, it is never shown to the model as a tool result: the episode ends with status
+    ``error`` and this message as its cause, is run again (``rollout.retries``), and never counts as a reward.
+    """
 
 
 def require(module: str, *, feature: str, install: str) -> ModuleType:

@@ -116,3 +116,38 @@ def test_greedy_takes_the_models_argmax_and_records_its_logprob(opinionated):
         assert result.token_ids == logits.argmax(-1).tolist()
         expected = _at(torch.log_softmax(logits, -1), result.token_ids)
         assert torch.allclose(torch.tensor(result.logprobs), expected, atol=1e-4)
+
+
+def test_seeded_draws_follow_the_distribution_of_the_scores():
+    """Gumbel-max over the perturbed scores is a draw from softmax(scores): 20,000 streams, one draw each."""
+    from trajlab.inference.sampling import SeededDraws
+
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])  # the last token cut (top-k/top-p): -inf score
+    scores = torch.log(probs).expand(20_000, -1)
+    draws = SeededDraws(list(range(20_000)), "cpu")(torch.zeros(20_000, 1, dtype=torch.long), scores).argmax(-1)
+    frequencies = torch.bincount(draws, minlength=6).float() / 20_000
+    assert frequencies[-1] == 0
+    assert torch.allclose(frequencies, probs, atol=0.012), frequencies  # ~3.4 standard errors at p=0.5
+
+
+def test_a_seeded_turn_samples_the_same_tokens_alone_or_in_any_batch(opinionated):
+    """What a turn samples depends on its seed, not on the rows beside it: generation is reproducible run to run and
+    across the timing that decides how the hf backend batches."""
+    model, tokenizer = opinionated
+    params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0)
+    prompts = _prompts(tokenizer)
+
+    def run(rows: list[tuple[list[int], int]]) -> list:
+        generator = HFGenerator(model, tokenizer)  # a fresh generator: no kept states
+
+        async def batch():
+            return await asyncio.gather(*(generator.generate(GenerationRequest(p, params, seed=s)) for p, s in rows))
+
+        torch.manual_seed(len(rows))  # the global stream differs between runs: it must not matter
+        return asyncio.run(batch())
+
+    [alone] = run([(prompts[1], 11)])
+    batched = run([(prompts[0], 5), (prompts[2], 7), (prompts[1], 11), (prompts[1], 12)])
+    assert batched[2].token_ids == alone.token_ids
+    assert torch.allclose(torch.tensor(batched[2].logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+    assert batched[3].token_ids != alone.token_ids, "another seed, the same prompt: another sample"

@@ -125,6 +125,17 @@ def test_n_choices_are_generated_and_recorded(hf_server):
     assert record["sampling"]["n"] == 2 and record["sampling"]["top_p"] == 0.9
 
 
+def test_a_seed_makes_the_choices_reproducible(hf_server):
+    def ask(seed: int) -> list[list[int]]:
+        response = client(hf_server.url, f"seeded-{seed}").chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say something."}], n=2, max_tokens=12,
+            temperature=1.0, seed=seed, extra_body=TOKEN_IDS)
+        return [c.model_extra["token_ids"] for c in response.choices]
+
+    first, again, other = ask(7), ask(7), ask(8)
+    assert first == again and first[0] != first[1] and first != other
+
+
 def test_stop_string_cuts_text_and_tokens(hf_server):
     api = client(hf_server.url, "stop-1")
     request = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me more."}], "max_tokens": 10,

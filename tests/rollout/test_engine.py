@@ -15,6 +15,7 @@ from trajlab.env import Environment
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
+from trajlab.errors import InfrastructureError
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.rollout import engine as engine_module
 from trajlab.rollout.engine import Episode, RolloutEngine
@@ -363,3 +364,66 @@ def test_an_episodes_group_is_recorded_and_turns_read_the_vocabulary_no_more(
     trajectory = asyncio.run(engine.run_episode(Episode("e", {}, group="task-7")))
     assert trajectory.group == "task-7" and trajectory.metrics["turns"] == 4
     assert reads == [], "the vocabulary is read when the engine is built, not on every turn"
+
+
+class Outage:
+    """Fault injection, named as such: the replayed policy behind a server that refuses its first ``failures``
+    requests, as a generator server does while it restarts."""
+
+    name = "outage"
+
+    def __init__(self, policy: ReplayText, failures: int):
+        self.policy, self.failures = policy, failures
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("connection refused")
+        return await self.policy.generate(request)
+
+
+class Crashing(Flaky):
+    """A tool whose sandbox the host killed: the machinery's failure, not a result for the model."""
+
+    crashes = 1
+
+    def run(self) -> str:
+        """Run a command."""
+        if Crashing.crashes > 0:
+            Crashing.crashes -= 1
+            raise InfrastructureError("the sandbox was killed by the host (SIGKILL)")
+        return "ok"
+
+
+def test_an_outage_ends_episodes_as_errors_with_their_cause_and_retries_recover_them(tiny_tokenizer, tiny_template):
+    texts = [call("finish", "{}")]
+
+    def run(failures: int, retries: int):
+        engine = RolloutEngine(SPEC, Outage(ReplayText(tiny_tokenizer, texts), failures), tiny_tokenizer,
+                               chat_template=tiny_template, parser=get_parser("hermes"))
+        episodes = [Episode(f"e{i}", {}) for i in range(3)]
+        return sorted(asyncio.run(engine.run(episodes, concurrency=1, retries=retries, retry_backoff_s=0.01)),
+                      key=lambda t: t.id)
+
+    kept = run(failures=2, retries=0)
+    assert [t.status for t in kept] == ["error", "error", "success"]
+    assert kept[0].error == "the generator (outage) failed: ConnectionError: connection refused"
+    recovered = run(failures=2, retries=2)
+    assert [t.status for t in recovered] == ["success"] * 3
+    # e0 failed, then e1 took the free slot and failed; each succeeded on its second attempt
+    assert [t.metrics.get("attempts", 1.0) for t in recovered] == [2.0, 2.0, 1.0]
+    exhausted = run(failures=100, retries=2)  # a server that stays down: three attempts each, then kept as errors
+    assert [t.status for t in exhausted] == ["error"] * 3
+    assert [t.metrics.get("attempts") for t in exhausted] == [3.0] * 3
+
+
+def test_an_infrastructure_error_from_a_tool_is_no_observation(tiny_tokenizer, tiny_template):
+    Crashing.crashes = 1
+    spec = EnvSpec(name="crashing", env_cls=Crashing, system_prompt="Test.")
+    engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, [call("run", "{}"), call("finish", "{}")]),
+                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"))
+    [broken] = asyncio.run(engine.run([Episode("e", {})]))
+    assert broken.status == "error" and broken.error == "the sandbox was killed by the host (SIGKILL)"
+    assert not any(m["role"] == "tool" for m in broken.messages), "the model never saw the host's failure"
+    [retried] = asyncio.run(engine.run([Episode("e", {})]))  # the sandbox works again
+    assert retried.status == "success" and retried.metrics["tool_errors"] == 0

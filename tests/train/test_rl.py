@@ -58,10 +58,10 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     settings = RLSettings(estimator="dr_grpo", credit="trajectory")
 
     def per_rollout(ts):
-        advantages, flat = rl._advantages(ts, rewards, settings)
+        advantages, stats = rl._advantages(ts, rewards, settings)
         values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit} for adv, t in zip(advantages, ts,
                                                                                                         strict=True)]
-        return values, flat
+        return values, stats["zero_variance_groups"]
 
     # One group of four (by task id) would give 0.25, -0.75, 0.25, 0.25 and no flat group.
     assert per_rollout(trajectories) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
@@ -70,6 +70,29 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     assert per_rollout(renamed) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
     with pytest.raises(ValueError, match="has no group"):
         rl._advantages([t.model_copy(update={"group": None}) for t in trajectories], rewards, settings)
+
+
+def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_model_dir):
+    """A rollout with status error gets no advantage and is left out of its group's statistics; a group with fewer
+    than two valid rollouts is skipped, not compared."""
+    env = load_env("arithmetic")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    tasks = [task for _, task in zip(range(2), env.iter_tasks("train"), strict=False)]
+    episodes = [e for i, task in enumerate(tasks) for e in rl._group_episodes(0, i, task, group_size=3)]
+    engine = make_engine(env, ScriptedGenerator(env.oracle, tokenizer, template), tokenizer, chat_template=template,
+                         parser=get_parser("auto", tokenizer))
+    done = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)
+    broken = {0, 3, 4}  # one of the first group's three, two of the second's
+    trajectories = [t.model_copy(update={"status": "error", "error": "the generator failed"}) if i in broken else t
+                    for i, t in enumerate(done)]
+    rewards = [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]  # as a zero, the error would pull its group's baseline down
+    advantages, stats = rl._advantages(trajectories, rewards, RLSettings(estimator="dr_grpo", group_size=3,
+                                                                         credit="trajectory"))
+    model_values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit}
+                    for adv, t in zip(advantages, trajectories, strict=True)]
+    assert model_values == [{0.0}, {0.5}, {-0.5}, {0.0}, {0.0}, {0.0}]
+    assert stats == {"zero_variance_groups": 0.0, "groups_short": 2.0, "groups_skipped": 1.0}
 
 
 def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_tokenizer):

@@ -89,6 +89,18 @@ def test_sampled_logprobs_are_the_trainers_at_the_sampling_temperature(engine, p
         assert max_gap(result.logprobs, forward_logprobs(model, prompt, result.token_ids, 0.7)) < 1e-4
 
 
+def test_a_seeded_request_samples_the_same_tokens_in_any_batch(engine, prompts):
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+
+    async def run(rows):
+        return await asyncio.gather(*(engine.generate(GenerationRequest(p, params, seed=s)) for p, s in rows))
+
+    [alone] = asyncio.run(run([(prompts[1], 11)]))
+    batched = asyncio.run(run([(prompts[0], 5), (prompts[1], 11), (prompts[2], 7), (prompts[1], 12)]))
+    assert batched[1].token_ids == alone.token_ids
+    assert batched[3].token_ids != alone.token_ids, "another seed, the same prompt: another sample"
+
+
 def test_loaded_weights_reach_the_engine(engine, prompts, tiny_model_dir, tiny_tokenizer, restore):
     params = SamplingParams(max_new_tokens=8, temperature=0.0, stop_token_ids=(tiny_tokenizer.eos_token_id,))
     before = generate(engine, prompts, params)

@@ -50,6 +50,8 @@ class TrajlabAdapter:
             sets its system prompt, and its tool descriptions give an engine of their own.
         weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
         concurrency: episodes run at once.
+        retries: times an episode that failed because of the machinery (status error) is run again; one that
+            still fails scores 0 (GEPA needs a score for every task).
     """
 
     propose_new_texts = None
@@ -59,12 +61,13 @@ class TrajlabAdapter:
     """
 
     def __init__(self, engine: RolloutEngine, *, weights: Mapping[str, float] | None = None,
-                 concurrency: int = 8) -> None:
+                 concurrency: int = 8, retries: int = 2) -> None:
         if weights is not None:
             check_weights(weights)
         self.engine = engine
         self.weights = dict(weights) if weights is not None else None
         self.concurrency = concurrency
+        self.retries = retries
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
         self._engines: dict[str, RolloutEngine] = {json.dumps({}): engine}  # by tool descriptions
@@ -92,7 +95,8 @@ class TrajlabAdapter:
         episodes = [Episode(id=f"evolve:{key}:{task_id(task)}", task=dict(task)) for task in batch]
         todo = list({e.id: e for e in episodes if e.id not in self._results}.values())
         if todo:
-            asyncio.run(self._engine(candidate).run(todo, concurrency=self.concurrency, on_result=self._keep))
+            asyncio.run(self._engine(candidate).run(todo, concurrency=self.concurrency, on_result=self._keep,
+                                                        retries=self.retries))
         scored = [self._results[episode.id] for episode in episodes]
         return EvaluationBatch(outputs=[s.output for s in scored], scores=[s.score for s in scored],
                                trajectories=[s.trace for s in scored] if capture_traces else None)

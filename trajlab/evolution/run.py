@@ -87,7 +87,8 @@ def evolve(
         reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
                                            temperature=settings.reflection_temperature, device=policy.device,
                                            dtype=policy.dtype)
-        adapter = TrajlabAdapter(engine, weights=settings.rewards, concurrency=policy.concurrency)
+        adapter = TrajlabAdapter(engine, weights=settings.rewards, concurrency=policy.concurrency,
+                                  retries=policy.retries)
         return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
                           seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,
                           reflection_minibatch_size=settings.minibatch_size, use_merge=settings.use_merge, seed=seed,

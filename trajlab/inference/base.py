@@ -7,6 +7,7 @@ backends that act on messages rather than tokens (scripted policies, text-only s
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -14,6 +15,13 @@ from typing import Any, Literal, Protocol, runtime_checkable
 def is_server_url(spec: str) -> bool:
     """Whether a ``--policy``/``--reflection`` value names an OpenAI-compatible server rather than a directory."""
     return str(spec).startswith(("http://", "https://"))
+
+
+def request_seed(seed: int, episode_id: str, turn: int) -> int:
+    """The random stream of one episode's turn: a stable function of the run's seed, the episode and the turn (the
+    same in every process and run; Python's ``hash`` is salted per process)."""
+    digest = hashlib.sha256(f"{seed}\x00{episode_id}\x00{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,9 @@ class GenerationRequest:
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     task: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    """The turn's random stream (:func:`request_seed`): backends that can seed per request sample the same
+    tokens for the same seed, whatever else they serve at the time. None: the backend's own randomness."""
 
 
 @dataclass

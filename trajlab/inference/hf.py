@@ -2,6 +2,8 @@
 
 Episodes submit requests independently; a single worker drains the queue, groups requests with the same sampling
 settings into a left-padded batch, and runs generation in a thread so tools of other episodes keep running. Each
+row samples from its own stream, seeded by its request (``sampling.SeededDraws``), so batching never changes what
+an episode samples. Each
 turn feeds only the tokens the model has not read yet: the key/value states of every episode's history, and of the
 head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
 """
@@ -27,7 +29,7 @@ from trajlab.inference.hf_states import (
     weights_version,
 )
 from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
-from trajlab.inference.sampling import generation_config, sampling_logprobs, sampling_processors
+from trajlab.inference.sampling import SeededDraws, generation_config, sampling_logprobs, sampling_processors
 
 MIN_SHARED_PREFIX = 16
 """A batch's common head shorter than this is fed per row: reading it once would save less than it costs."""
@@ -144,6 +146,10 @@ class HFGenerator:
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
         recorder = ChosenLogprobs()
+        processors = [*sampling_processors(params), recorder]  # the recorder sees the distribution sampled from
+        if params.temperature > 0:  # each row draws from its own stream: the same tokens whatever shares the batch
+            seeds = [r.seed if r.seed is not None else int(torch.randint(1 << 62, ())) for r in requests]
+            processors.append(SeededDraws(seeds, self.model.device))
         states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
         output = self.model.generate(
             input_ids=input_ids.to(self.model.device),
@@ -151,7 +157,7 @@ class HFGenerator:
             past_key_values=states,
             generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
                                                 return_dict_in_generate=True),
-            logits_processor=LogitsProcessorList([*sampling_processors(params), recorder]),  # the recorder last
+            logits_processor=LogitsProcessorList(processors),
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
         logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)
@@ -234,9 +240,10 @@ class ChosenLogprobs(LogitsProcessor):
     """Keeps each generated token's log-probability under the distribution it was sampled from, not the step's logits.
 
     ``output_scores`` would keep a (B, V) float32 tensor per step, gigabytes for long turns with a real vocabulary.
-    This processor comes last, after trajlab's sampling warpers (``sampling_processors``: temperature, top-k, top-p),
-    so it sees the very scores sampled from; it reduces the previous step's distribution to the token that was
-    sampled from it (now the last of ``input_ids``) and holds one step's log-softmax: memory O(B x N), not O(B x N x V).
+    This processor comes after trajlab's sampling warpers (``sampling_processors``: temperature, top-k, top-p) and
+    before the draw's noise (``SeededDraws``), so it sees the very distribution sampled from; it reduces the previous
+    step's distribution to the token that was sampled from it (now the last of ``input_ids``) and holds one step's
+    log-softmax: memory O(B x N), not O(B x N x V).
     """
 
     def __init__(self) -> None:

@@ -113,7 +113,8 @@ class OpenAIGenerator:
         try:
             response = await self._connection().completions.create(
                 model=self.model, prompt=request.prompt_ids, max_tokens=params.max_new_tokens,
-                temperature=params.temperature, top_p=params.top_p, logprobs=0, n=1, extra_body=extra,
+                temperature=params.temperature, top_p=params.top_p, logprobs=0, n=1, seed=request.seed,
+                extra_body=extra,
             )
         except openai.APIConnectionError as exc:
             raise ServerError(f"cannot reach {self.base_url} ({_cause(exc)}): is the server still running?") from exc

@@ -9,6 +9,11 @@ order ``generate`` would apply them. The scores they return are the tensor ``gen
 recorded logprob is ``log_softmax`` of those scores: the log-probability under the renormalised, truncated
 distribution it was drawn from (with top-k 0 and top-p 1, plain ``log_softmax(logits / temperature)``). Greedy
 turns record the model's own ``log_softmax(logits)``.
+
+The draw itself is :class:`SeededDraws`: each row of a batch has its own random stream, seeded per request, so what
+an episode samples depends on its seed alone, not on which other episodes shared its batches, in what order
+requests arrived, or what ran before in the process. Rollouts are then reproducible run to run (the same seed gives
+the same trajectories) and a retried or rescheduled episode samples what it would have sampled the first time.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import torch
 from transformers import (
     GenerationConfig,
+    LogitsProcessor,
     LogitsProcessorList,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
@@ -44,15 +50,16 @@ class ExplicitGenerationConfig(GenerationConfig):
 def generation_config(
     params: SamplingParams, *, max_new_tokens: int, pad_id: int, **outputs: bool
 ) -> ExplicitGenerationConfig:
-    """How ``generate`` decodes a batch: sampled (or greedy at temperature 0), up to ``max_new_tokens``, stopping at
-    ``params.stop_token_ids`` only; every other option is transformers' neutral default, whatever the checkpoint
-    says. Sampling itself is shaped by :func:`sampling_processors`, passed as ``logits_processor``.
+    """How ``generate`` decodes a batch: up to ``max_new_tokens``, stopping at ``params.stop_token_ids`` only; every
+    other option is transformers' neutral default, whatever the checkpoint says. ``generate`` itself always takes
+    the highest score: sampling is :func:`sampling_processors` shaping the distribution and :class:`SeededDraws`
+    perturbing its scores so that the highest is a draw from it, both passed as ``logits_processor``.
 
     Args:
         outputs: what ``generate`` returns, e.g. ``return_dict_in_generate=True, output_scores=True``.
     """
     explicit = dict(
-        do_sample=params.temperature > 0,
+        do_sample=False,  # SeededDraws makes the argmax a sample
         temperature=1.0,  # applied by sampling_processors, so that scores are what is sampled from
         top_k=0,
         top_p=1.0,
@@ -81,3 +88,23 @@ def sampling_logprobs(scores: torch.Tensor) -> torch.Tensor:
     """Log-probabilities (..., V) of the distribution ``generate`` samples from, given its processed scores; tokens
     top-k or top-p cut have -inf."""
     return torch.log_softmax(scores.float(), dim=-1)
+
+
+class SeededDraws(LogitsProcessor):
+    """Samples each row from its own random stream by the Gumbel-max trick: ``argmax(scores + G)`` with G standard
+    Gumbel noise is a draw from ``softmax(scores)``, so greedy decoding over the perturbed scores samples exactly the
+    distribution the scores define. Row r's noise comes from a generator seeded with ``seeds[r]`` and advanced one
+    vocabulary-sized draw per step: a row samples the same tokens whichever rows share its batch.
+
+    Comes after the recorder (``ChosenLogprobs``), which keeps the unperturbed distribution's logprobs.
+    """
+
+    def __init__(self, seeds: list[int], device: torch.device | str) -> None:
+        self.streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        vocab = scores.shape[-1]
+        uniform = torch.stack([torch.rand(vocab, generator=stream, device=scores.device) for stream in self.streams])
+        tiny = torch.finfo(uniform.dtype).tiny  # rand may return exactly 0: a very low noise value, not a nan
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(tiny)))
+        return scores.float() + gumbel

@@ -146,7 +146,7 @@ class VLLMGenerator:
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = self.llm.generate(prompts, [self._sampling(r.params) for r in requests], use_tqdm=False)
+        outputs = self.llm.generate(prompts, [self._sampling(r.params, r.seed) for r in requests], use_tqdm=False)
         self.batches += 1
         results = []
         for output in outputs:
@@ -157,9 +157,10 @@ class VLLMGenerator:
             self.generated_tokens += len(ids)
         return results
 
-    def _sampling(self, params: SamplingParams) -> Any:
+    def _sampling(self, params: SamplingParams, seed: int | None) -> Any:
         """vLLM's sampling settings: stop exactly at ``stop_token_ids`` (else the model's eos, as transformers
-        does), the stop token kept; greedy at temperature 0; the sampled token's logprob."""
+        does), the stop token kept; greedy at temperature 0; the sampled token's logprob; the request's own random
+        stream when it has a seed."""
         sample = params.temperature > 0
         return self._vllm.SamplingParams(
             n=1,
@@ -171,6 +172,7 @@ class VLLMGenerator:
             ignore_eos=True,  # the stops above are the only ones, whatever vLLM takes the eos to be
             logprobs=0,
             detokenize=False,
+            seed=seed if sample else None,
         )
 
     def load_weights(self, model: torch.nn.Module) -> None:

@@ -133,7 +133,7 @@ def create_app(
         prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
         params = completer.sampling(budget(req.token_budget(), len(prompt_ids), limits.default_max_tokens),
                                     req.temperature, req.top_p)
-        results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools)
+        results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed)
         choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools)
                    for i, r in enumerate(results)]
         response = {
@@ -159,7 +159,8 @@ def create_app(
         prompts = _completion_prompts(req.prompt, tokenizer)
         longest = max(len(ids) for _, ids in prompts)
         params = completer.sampling(budget(req.token_budget(), longest, 16), req.temperature, req.top_p)
-        per_prompt = await asyncio.gather(*(completer.generate(ids, params, req.n) for _, ids in prompts))
+        per_prompt = await asyncio.gather(*(completer.generate(ids, params, req.n, seed=req.seed, key=f"prompt{p}")
+                                             for p, (_, ids) in enumerate(prompts)))
         pairs = [(p, completer.choice(p * req.n + j, r, stops, prompt_ids=prompts[p][1], parse_tools=False))
                  for p, results in enumerate(per_prompt) for j, r in enumerate(results)]
         choices = []

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
-from trajlab.inference.base import GenerationRequest, GenerationResult, Generator, SamplingParams
+from trajlab.inference.base import GenerationRequest, GenerationResult, Generator, SamplingParams, request_seed
 from trajlab.proxy.openai_format import Choice, new_tool_call_id
 
 
@@ -49,10 +49,12 @@ class Completer:
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, n: int, *, messages: list[dict[str, Any]] | None = None,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, seed: int | None = None, key: str = "",
     ) -> list[GenerationResult]:
+        """The ``n`` choices; with a ``seed``, choice i samples from the stream of (seed, key, i)."""
         requests = [GenerationRequest(prompt_ids=list(prompt_ids), params=params, messages=messages or [],
-                                      tools=tools or []) for _ in range(n)]
+                                      tools=tools or [], seed=None if seed is None else request_seed(seed, key, i))
+                    for i in range(n)]
         return list(await asyncio.gather(*(self.generator.generate(r) for r in requests)))
 
     def choice(

@@ -1,6 +1,6 @@
 """OpenAI request bodies in, chat-template messages out; generated choices back in OpenAI's response shapes.
 
-Requests accept fields this server does not act on (``user``, ``seed``, ``parallel_tool_calls``, ...) because
+Requests accept fields this server does not act on (``user``, ``parallel_tool_calls``, ...) because
 clients send them routinely; fields whose non-default values would change the answer and that are not supported
 (``tool_choice: "required"``, ``top_logprobs``, ``echo``, ...) are refused with a 400 instead of being ignored.
 """
@@ -33,6 +33,8 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    seed: int | None = None
+    """Seeds the sampling: the same request with the same seed gets the same choices, whatever else is served."""
     return_token_ids: bool = False
     """vLLM's extra field: add ``prompt_token_ids`` and each choice's ``token_ids`` to the response."""
 

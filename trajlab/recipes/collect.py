@@ -43,6 +43,8 @@ class CollectConfig:
     tokenizer: Any = None  # for the oracle, a server, a model or a Generator: the trajectories' tokens
     parser: str = "auto"
     concurrency: int = 8
+    retries: int = 2  # RolloutSettings.retries and retry_backoff_s
+    retry_backoff_s: float = 1.0
     sampling: SamplingParams = SamplingParams()
     limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
@@ -110,7 +112,7 @@ def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:
     policy = build_policy(config)
     return make_engine(config.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                        parser=get_parser(config.parser, policy.tokenizer), sampling=config.sampling,
-                       limits=config.limits, system_prompt=config.system_prompt)
+                       limits=config.limits, system_prompt=config.system_prompt, seed=config.seed)
 
 
 def collect(
@@ -132,7 +134,8 @@ def collect(
                 on_progress(done, len(episodes))
 
         started = time.perf_counter()
-        new = asyncio.run(engine.run(todo, concurrency=config.concurrency, on_result=save))
+        new = asyncio.run(engine.run(todo, concurrency=config.concurrency, on_result=save, retries=config.retries,
+                                     retry_backoff_s=config.retry_backoff_s))
         elapsed = time.perf_counter() - started
     report = evaluate_trajectories(collected(config, episodes))
     summary: dict[str, Any] = report.model_dump(include={"episodes", "success_rate", "mean_reward", "mean_turns",

@@ -7,12 +7,18 @@ template's delta (loss mask 0). Nothing is re-tokenized, so a trajectory trains 
 Many episodes run at once on one event loop: while one waits on a tool, others generate, and a batching generator
 serves their turns together. Every failure is stored in the trajectory record; one bad episode never stops a batch.
 Every episode's env is closed (its ``close()`` hook) when the episode ends, however it ends.
+
+What the model does wrong (a malformed call, a failing tool, a wrong answer) is part of its trajectory. What the
+machinery does wrong (a generator or server error, an env that cannot start, an ``InfrastructureError`` from env
+code) ends the episode with status ``error`` and its cause; such episodes are run again (``retries``) and are
+never scored as the policy's failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -27,11 +33,13 @@ from trajlab.env.base import EnvHandle
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
-from trajlab.inference.base import GenerationRequest, Generator, SamplingParams
+from trajlab.errors import InfrastructureError
+from trajlab.inference.base import GenerationRequest, Generator, SamplingParams, request_seed
 from trajlab.rollout.tools import ToolThreads, execute_tool
 from trajlab.rollout.types import Status, TokenRecord, Trajectory
 
 EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,8 +68,15 @@ class EpisodeRunner:
         *,
         concurrency: int = 8,
         on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
+        retries: int = 0,
+        retry_backoff_s: float = 1.0,
     ) -> list[Trajectory]:
-        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes."""
+        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes.
+
+        An episode that ends with status ``error`` (the machinery failed, not the policy) is run again, up to
+        ``retries`` times, after ``retry_backoff_s`` seconds, doubling with each retry (a server that went away may
+        come back); only its last attempt is returned, with ``metrics["attempts"]`` when there was more than one.
+        """
         episodes = list(episodes)
         self._check(episodes)
         gate = asyncio.Semaphore(concurrency)
@@ -70,6 +85,15 @@ class EpisodeRunner:
         async def one(episode: Episode) -> None:
             async with gate:
                 trajectory = await self.run_episode(episode)
+            attempts = 1
+            while trajectory.status == "error" and attempts <= retries:
+                logger.warning("episode %s: %s; retrying (%d of %d)", episode.id, trajectory.error, attempts, retries)
+                await asyncio.sleep(retry_backoff_s * 2 ** (attempts - 1))  # holding no slot: others run meanwhile
+                async with gate:
+                    trajectory = await self.run_episode(episode)
+                attempts += 1
+            if attempts > 1:
+                trajectory.metrics["attempts"] = float(attempts)
             results.append(trajectory)
             if on_result is not None:
                 maybe = on_result(trajectory)
@@ -106,6 +130,8 @@ class RolloutEngine(EpisodeRunner):
         limits: the user's overrides of the env's own limits (``EnvSpec.limits``), as ``EpisodeLimits`` field
             names; None values keep the env's. The result is :attr:`limits`.
         system_prompt: overrides the env's default system prompt; "" means none.
+        seed: with the episode id and the turn, seeds each turn's sampling (``GenerationRequest.seed``): the same
+            episode samples the same tokens in every run, whatever else runs beside it, and so does a retry.
     """
 
     def __init__(
@@ -119,8 +145,10 @@ class RolloutEngine(EpisodeRunner):
         sampling: SamplingParams | None = None,
         limits: Mapping[str, int | float | None] | None = None,
         system_prompt: str | None = None,
+        seed: int = 0,
     ) -> None:
         self.env = env
+        self.seed = seed
         self.generator = generator
         self.tokenizer = tokenizer
         self.parser = parser
@@ -142,7 +170,7 @@ class RolloutEngine(EpisodeRunner):
         sampling, limit overrides and system prompt. It shares this engine's threads: closing this one closes both."""
         engine = RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
                                parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
-                               system_prompt=self.system_prompt)
+                               system_prompt=self.system_prompt, seed=self.seed)
         engine._threads, engine._owns_threads = self._threads, False
         return engine
 
@@ -202,9 +230,14 @@ class RolloutEngine(EpisodeRunner):
         prompt_ids = tokens.prompt_ids + tokens.completion_ids
 
         # --- generate: the model's tokens go into the record exactly as returned ---
-        result = await self.generator.generate(GenerationRequest(
-            prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages], tools=state.tools,
-            task=state.episode.task))
+        request = GenerationRequest(prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages],
+                                    tools=state.tools, task=state.episode.task,
+                                    seed=request_seed(self.seed, state.episode.id, turn))
+        try:
+            result = await self.generator.generate(request)
+        except Exception as exc:
+            raise InfrastructureError(f"the generator ({self.generator.name}) failed: {type(exc).__name__}: {exc}") \
+                from exc
         tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
         state.counters["turns"] += 1
         state.counters["model_tokens"] += len(result.token_ids)
@@ -396,7 +429,7 @@ class _EpisodeState:
 
     def fail(self, exc: Exception) -> None:
         self.status, self.stop_reason = "error", "exception"
-        self.add_error(f"{type(exc).__name__}: {exc}")
+        self.add_error(str(exc) if isinstance(exc, InfrastructureError) else f"{type(exc).__name__}: {exc}")
 
     def add_error(self, message: str) -> None:
         self.error = message if self.error is None else f"{self.error}; {message}"

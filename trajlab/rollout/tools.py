@@ -1,7 +1,8 @@
 """Env code off the event loop: the threads that run blocking env calls, and one tool call with its errors.
 
 A tool that raises, times out, or gets bad arguments never ends the episode: the model receives an error
-observation that says what went wrong, and the error kind is counted in the trajectory's metrics.
+observation that says what went wrong, and the error kind is counted in the trajectory's metrics. The exception is
+:class:`~trajlab.errors.InfrastructureError`: the machinery failed, not the model, so the episode ends as ``error``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import pydantic
 
 from trajlab.env.base import EnvHandle, ToolResult, describe_validation_error
+from trajlab.errors import InfrastructureError
 
 T = TypeVar("T")
 
@@ -167,6 +169,8 @@ async def execute_tool(
         return ToolResult(describe_validation_error(name, exc, schemas[name]), "bad_arguments")
     except TimeoutError:
         return ToolResult(f"Error: tool '{name}' did not finish within {timeout_s:g} seconds.", "timeout")
+    except InfrastructureError:  # the machinery failed, not the model: the episode errors (and is retried)
+        raise
     except Exception as exc:  # a tool's own bug is an observation for the model, not a crash of the rollout
         return ToolResult(f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}", "exception")
     return ToolResult(value if isinstance(value, str) else str(value))

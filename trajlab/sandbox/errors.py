@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from trajlab.errors import InfrastructureError
 
-class SandboxError(RuntimeError):
-    """The sandbox cannot run here, or was used after :meth:`Sandbox.cleanup`."""
+
+class SandboxError(InfrastructureError):
+    """The sandbox cannot run here, could not start a command, or was used after :meth:`Sandbox.cleanup`: the
+    machinery's failure, so an episode that meets one ends as ``error`` and is retried (not shown to the model)."""
 
 
 class SandboxPathError(ValueError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.limits import SandboxLimits
 
 _READ_CHUNK = 1 << 16
@@ -58,8 +59,11 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
     """
     started = time.monotonic()
     with _stdin_source(stdin) as source:
-        process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                                   env=env, umask=0o077, start_new_session=True)
+        try:
+            process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                                       env=env, umask=0o077, start_new_session=True)
+        except OSError as exc:  # the host could not start it (no processes or memory left, a launcher gone)
+            raise SandboxError(f"could not start a sandbox command: {exc}") from exc
     drained = False
     try:
         pumped = _pump(process, started + limits.wall_timeout_s, limits.max_output_bytes)

@@ -126,6 +126,7 @@ def run_rl(
         sampling=SamplingParams(temperature=settings.temperature),
         limits=rollout.limit_overrides(),
         system_prompt=system_prompt,
+        seed=seed,
     )
     # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
     engines = engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]
@@ -145,20 +146,22 @@ def run_rl(
         episodes = [e for i in mine for e in _group_episodes(step, i, step_tasks[i], settings.group_size)]
         model.eval()
         started, calls_before = time.perf_counter(), generator.batches
-        trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency))
+        trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
+                                              retry_backoff_s=rollout.retry_backoff_s))
         rollout_s = time.perf_counter() - started
         generate_calls = generator.batches - calls_before
 
         # --- 2-3. rewards and advantages, group by group ---
         rewards = [score(t, settings.rewards) for t in trajectories]
-        token_advantages, zero_variance = _advantages(trajectories, rewards, settings)
+        token_advantages, group_stats = _advantages(trajectories, rewards, settings)
 
         # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
         started = time.perf_counter()
         clean, drifts = check_token_drift(trajectories, tokenizer, chat_template, parser, max_drift=settings.max_drift)
         drift_check_s = time.perf_counter() - started
         clean_ids = {id(t) for t in clean}
-        kept = [i for i, t in enumerate(trajectories) if id(t) in clean_ids]
+        # an episode the machinery broke (status error) is no sample of the policy: never trained on
+        kept = [i for i, t in enumerate(trajectories) if id(t) in clean_ids and t.status != "error"]
 
         # --- 4. policy-gradient update on model tokens ---
         model.train()
@@ -169,7 +172,7 @@ def run_rl(
                              correct=correct)
         update_s = time.perf_counter() - started
 
-        record = _step_metrics(step, trajectories, rewards, zero_variance, rollout_s, update_s) | update
+        record = _step_metrics(step, trajectories, rewards, rollout_s, update_s) | group_stats | update
         record |= {"generate_calls": generate_calls, "drift/trajectories": len(drifts), "drift_check_s": drift_check_s}
         metrics_file.write(json.dumps(record) + "\n")
         metrics_file.flush()
@@ -221,10 +224,14 @@ def _group_episodes(step: int, index: int, task: dict[str, Any], group_size: int
 
 def _advantages(
     trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
-) -> tuple[list[list[float]], float]:
-    """Token advantages per trajectory, and the share of groups whose rewards were all equal (no signal).
+) -> tuple[list[list[float]], dict[str, float]]:
+    """Token advantages per trajectory, and the step's group statistics.
 
-    Rollouts are compared within their ``Trajectory.group``.
+    Rollouts are compared within their ``Trajectory.group``, over the group's valid rollouts only: one that ended
+    with status ``error`` (the machinery failed, not the policy) has no reward to compare, gets no advantage and
+    counts in no group's statistics; a group left with fewer than two valid rollouts has nothing to compare and is
+    skipped. Statistics: the share of groups whose rewards were all equal (no signal), groups computed over fewer
+    rollouts than were run, groups skipped.
 
     Raises:
         ValueError: a trajectory has no group.
@@ -233,15 +240,21 @@ def _advantages(
     for index, trajectory in enumerate(trajectories):
         if trajectory.group is None:
             raise ValueError(f"trajectory {trajectory.id!r} has no group: RL compares rollouts within a group")
-        groups.setdefault(trajectory.group, []).append(index)
-    out: list[list[float]] = [[] for _ in trajectories]
-    flat = 0
+        groups.setdefault(trajectory.group, [])
+        if trajectory.status != "error":
+            groups[trajectory.group].append(index)
+    out: list[list[float]] = [[0.0] * (len(t.tokens.loss_mask) if t.tokens else 0) for t in trajectories]
+    flat = short = skipped = 0
     dense_weight = settings.rewards.get("progress", 0.0)
     for members in groups.values():
+        short += len(members) < settings.group_size
+        if len(members) < 2:
+            skipped += 1
+            continue
         group_rewards = torch.tensor([rewards[i] for i in members])
         flat += bool(torch.all(group_rewards == group_rewards[0]))
-        if settings.credit == "trajectory" or len(members) < 2:
-            values = group_advantages(group_rewards, settings.estimator).tolist() if len(members) > 1 else [0.0]
+        if settings.credit == "trajectory":
+            values = group_advantages(group_rewards, settings.estimator).tolist()
             for i, value in zip(members, values, strict=True):
                 mask = trajectories[i].tokens.loss_mask if trajectories[i].tokens else []
                 out[i] = [value * bit for bit in mask]
@@ -252,7 +265,9 @@ def _advantages(
         for i, turn_values in zip(members, group_turn_advantages(per_turn, settings.estimator), strict=True):
             mask = trajectories[i].tokens.loss_mask if trajectories[i].tokens else []
             out[i] = spread_over_turns(mask, turn_values)
-    return out, flat / max(1, len(groups))
+    compared = len(groups) - skipped
+    return out, {"zero_variance_groups": flat / max(1, compared), "groups_short": float(short),
+                 "groups_skipped": float(skipped)}
 
 
 def _update(
@@ -553,11 +568,17 @@ def _step_metrics(
     step: int,
     trajectories: list[Trajectory],
     rewards: list[float],
-    zero_variance: float,
     rollout_s: float,
     update_s: float,
 ) -> dict[str, float]:
-    n = len(trajectories)
+    """The step's rollout statistics. Episodes that ended in ``error`` (the machinery's failure) are counted
+    (``errors``, and ``retries``: attempts beyond the first over all episodes) but left out of the policy's
+    statistics: they say nothing about it."""
+    retries = sum(t.metrics.get("attempts", 1.0) - 1 for t in trajectories)
+    errors = sum(t.status == "error" for t in trajectories)
+    rewards = [r for r, t in zip(rewards, trajectories, strict=True) if t.status != "error"]
+    trajectories = [t for t in trajectories if t.status != "error"]
+    n = max(1, len(trajectories))
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
     turns = sum(t.metrics.get("turns", 0.0) for t in trajectories)
     generated = sum(t.metrics.get("model_tokens", 0.0) for t in trajectories)
@@ -568,7 +589,8 @@ def _step_metrics(
         "tool_error_rate": sum(t.metrics.get("tool_errors", 0.0) for t in trajectories) / calls if calls else 0.0,
         "parse_error_rate": sum(t.metrics.get("parse_errors", 0.0) for t in trajectories) / turns if turns else 0.0,
         "mean_turns": turns / n,
-        "zero_variance_groups": zero_variance,
+        "errors": float(errors),
+        "retries": retries,
         "tokens_per_s": generated / rollout_s if rollout_s else 0.0,
         "rollout_s": rollout_s,
         "update_s": update_s,
