@@ -22,7 +22,7 @@ import trajlab
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"],
-          "vllm": ["vllm"]}
+          "ray": ["ray"], "vllm": ["vllm"]}
 # Extras tested in a venv of their own, so not in the `test` extra: vllm pins its own torch and transformers.
 LANE_EXTRAS = {"vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh)"}
 # Hidden to stand for "not installed"; httpx2 stays: the core's openai client imports it (openai >= 3).
@@ -139,6 +139,14 @@ def test_evolve_without_the_evolve_extra_says_what_to_install(tmp_path):
     assert result.returncode != 0
     assert "gepa" in _one_line(result, "pip install 'trajlab[evolve]'")
     assert not (tmp_path / "gepa").exists()
+
+
+def test_rollout_workers_without_ray_say_what_to_install(tmp_path):
+    result = _cli_without(["collect", "--env", "arithmetic", "--policy", "oracle", "--episodes", "1", "--out",
+                           str(tmp_path / "t.jsonl"), "--set", "rollout.workers=2"])
+    assert result.returncode == 1
+    assert "rollout.workers needs the 'ray' package" in _one_line(result, "pip install 'trajlab[ray]'")
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_lora_without_peft_says_what_to_install():

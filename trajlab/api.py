@@ -252,7 +252,7 @@ def rl(
     loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
     chosen_rollout = _settings(RolloutSettings, rollout or {})
     sampler = None
-    if placed.backend == "vllm":
+    if placed.backend == "vllm" and not chosen_rollout.workers:  # workers start engines of their own
         from trajlab.inference.vllm import VLLMGenerator
 
         if not isinstance(model, str | Path):
@@ -261,7 +261,8 @@ def rl(
         sampler = VLLMGenerator(model, seed=seed, max_batch_size=chosen_rollout.concurrency,
                                 engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
     return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
-                  resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype)
+                  resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype,
+                  backend=placed.backend)
 
 
 def evolve(
@@ -313,7 +314,8 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         samples_per_task=samples_per_task, tasks_file=Path(tasks) if isinstance(tasks, str | Path) else None,
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, retries=rollout.retries,
-        retry_backoff_s=rollout.retry_backoff_s, system_prompt=system_prompt,
+        retry_backoff_s=rollout.retry_backoff_s, workers=rollout.workers, ray_address=rollout.ray_address,
+        system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
         device=model.device, dtype=model.dtype, backend=model.backend,
     )

@@ -84,6 +84,12 @@ class RolloutSettings(LimitSettings):
     that could not start, an InfrastructureError) is run again before it is kept as an error."""
     retry_backoff_s: float = Field(1.0, ge=0)
     """Wait before the first retry of an episode, doubling with each further one."""
+    workers: int = Field(0, ge=0)
+    """Ray actors that run the episodes, each with its own generator and envs (0: in this process). Needs the
+    policy as a model directory, a server URL or oracle, and `pip install 'trajlab[ray]'`."""
+    ray_address: str = "local"
+    """With workers: local (start a Ray cluster in this process, its files under the run directory), auto (join the
+    cluster `ray start` runs on this machine), or a cluster address."""
     parser: str = "auto"
     """Tool-call parser: auto, hermes, llama3, response_template."""
     system_prompt: str | None = None

@@ -178,7 +178,10 @@ class VLLMGenerator:
     def load_weights(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s weights into the engine (a PEFT model's adapters merged in), e.g. after an optimizer
         step; the engine's prefix cache, computed with the old weights, is dropped."""
-        weights = full_weights(model)
+        self.load_named_weights(full_weights(model))
+
+    def load_named_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy weights named as the base checkpoint names them into the engine; its prefix cache is dropped."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
         self.llm.reset_prefix_cache()
         self.weight_loads += 1

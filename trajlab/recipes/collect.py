@@ -20,11 +20,13 @@ from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
+from trajlab.errors import UserError
 from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import Policy, PolicyLike, load_policy
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
 from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
 
 
 @dataclass
@@ -45,6 +47,8 @@ class CollectConfig:
     concurrency: int = 8
     retries: int = 2  # RolloutSettings.retries and retry_backoff_s
     retry_backoff_s: float = 1.0
+    workers: int = 0  # RolloutSettings.workers and ray_address: Ray actors run the episodes
+    ray_address: str = "local"
     sampling: SamplingParams = SamplingParams()
     limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
@@ -107,12 +111,28 @@ def build_policy(config: CollectConfig) -> Policy:
                        dtype=config.dtype, backend=config.backend)
 
 
-def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine:
-    """The engine rolling out ``config``'s policy on its env, with its parser, sampling, limits and system prompt."""
+def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine | RayRolloutRunner:
+    """The engine rolling out ``config``'s policy on its env, with its parser, sampling, limits and system prompt:
+    in this process, or on ``config.workers`` Ray actors (each building the policy from its name)."""
+    if config.workers:
+        return _workers(config)
     policy = build_policy(config)
     return make_engine(config.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                        parser=get_parser(config.parser, policy.tokenizer), sampling=config.sampling,
                        limits=config.limits, system_prompt=config.system_prompt, seed=config.seed)
+
+
+def _workers(config: CollectConfig) -> RayRolloutRunner:
+    if not isinstance(config.policy, str | Path) or not isinstance(config.tokenizer, str | Path | None):
+        raise UserError("rollout.workers build their policies from names: pass the policy as 'oracle', a model "
+                        "directory or a server URL, and the tokenizer as a directory.")
+    spec = WorkerSpec(env=config.env, policy=str(config.policy),
+                      tokenizer=None if config.tokenizer is None else str(config.tokenizer), backend=config.backend,
+                      device=config.device, dtype=config.dtype, parser=config.parser, sampling=config.sampling,
+                      limits=config.limits, system_prompt=config.system_prompt, seed=config.seed,
+                      max_batch_size=config.concurrency)
+    return RayRolloutRunner(spec, config.workers, address=config.ray_address, run_dir=config.out.parent,
+                            concurrency=config.concurrency)
 
 
 def collect(

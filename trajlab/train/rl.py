@@ -39,7 +39,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
-from trajlab.errors import require
+from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator, SamplingParams, WeightSyncedGenerator
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
@@ -47,6 +47,7 @@ from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
 from trajlab.train.advantages import (
     group_advantages,
     group_turn_advantages,
@@ -78,6 +79,7 @@ def run_rl(
     sampler: Generator | None = None,
     device: str = "auto",
     dtype: str = "auto",
+    backend: str = "hf",
 ) -> Path:
     """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
     ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
@@ -85,6 +87,8 @@ def run_rl(
 
     ``sampler`` rolls out instead of the model being trained (None: an ``HFGenerator`` over it, on-policy); one
     that takes weights (the vllm backend) gets the trainer's after every optimizer step (see ``_synced_sampler``).
+    With ``rollout.workers``, Ray actors roll out instead, each starting its ``backend`` policy from ``model_dir``
+    and taking the trainer's weights after every optimizer step.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,12 +136,19 @@ def run_rl(
     engines = engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]
     token_budget = max(e.limits.max_turns * e.limits.max_new_tokens for e in engines)
 
+    workers = (_rollout_workers(model_dir, env, system_prompt, settings, rollout, out_dir, seed=seed, backend=backend,
+                                device=device, dtype=dtype) if rollout.workers else None)
+    runner = workers if workers is not None else engine
     start = _resume(accelerator, out_dir) if resume else 0
     if start and isinstance(generator, WeightSyncedGenerator):  # it started from model_dir, not the checkpoint
         generator.load_weights(model)
+    if start and workers is not None:
+        workers.load_weights(model)
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
     # The hf backend samples from the very model being trained; any other sampler needs the correction.
-    correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and sampler is not None)
+    other_sampler = sampler is not None or workers is not None
+    correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and other_sampler)
+    generations = workers if workers is not None else generator  # what counts generate calls
     metrics_file = (out_dir / "metrics.jsonl").open("a")
     for step in range(start, settings.steps):
         # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
@@ -145,11 +156,13 @@ def run_rl(
         mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
         episodes = [e for i in mine for e in _group_episodes(step, i, step_tasks[i], settings.group_size)]
         model.eval()
-        started, calls_before = time.perf_counter(), generator.batches
-        trajectories = asyncio.run(engine.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
+        started, calls_before = time.perf_counter(), generations.batches
+        trajectories = asyncio.run(runner.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
                                               retry_backoff_s=rollout.retry_backoff_s))
         rollout_s = time.perf_counter() - started
-        generate_calls = generator.batches - calls_before
+        order = {episode.id: i for i, episode in enumerate(episodes)}  # finishing order is timing: train in plan order
+        trajectories.sort(key=lambda t: order[t.id])
+        generate_calls = generations.batches - calls_before
 
         # --- 2-3. rewards and advantages, group by group ---
         rewards = [score(t, settings.rewards) for t in trajectories]
@@ -170,6 +183,8 @@ def run_rl(
             update = _update(policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
                              [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
                              correct=correct)
+        if workers is not None:
+            workers.load_weights(model)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, rollout_s, update_s) | group_stats | update
@@ -182,6 +197,8 @@ def run_rl(
             _checkpoint(accelerator, out_dir, step + 1)
     metrics_file.close()
     engine.close()
+    if workers is not None:
+        workers.close()
 
     final = out_dir / "final"
     if accelerator.is_main_process:
@@ -205,6 +222,21 @@ def _synced_sampler(sampler: Generator, model: torch.nn.Module) -> Iterator[None
     finally:
         sampler.wake_up()
     sampler.load_weights(model)
+
+
+def _rollout_workers(model_dir: str | Path | PreTrainedModel, env: EnvSpec | EnvMixture, system_prompt: str | None,
+                     settings: RLSettings, rollout: RolloutSettings, out_dir: Path, *, seed: int, backend: str,
+                     device: str, dtype: str) -> RayRolloutRunner:
+    """Ray actors rolling out the policy as the in-process engine would (same sampling, limits, prompt, seed)."""
+    if not isinstance(model_dir, str | Path):
+        raise UserError("rollout.workers start their policies from a model directory: save the model "
+                        "(save_pretrained) and pass its path.")
+    spec = WorkerSpec(env=env, policy=str(model_dir), backend=backend, device=device, dtype=dtype,
+                      parser=rollout.parser, sampling=SamplingParams(temperature=settings.temperature),
+                      limits=rollout.limit_overrides(), system_prompt=system_prompt, seed=seed,
+                      max_batch_size=rollout.concurrency)
+    return RayRolloutRunner(spec, rollout.workers, address=rollout.ray_address, run_dir=out_dir,
+                            concurrency=rollout.concurrency)
 
 
 def _task_stream(env: EnvSpec | EnvMixture, seed: int, skip: int) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,44 @@
+"""A test-only env whose reward is a fixed function of what the model wrote (test only).
+
+The tiny untrained model scores 0 on every built-in env, so RL groups have no signal and no update happens. Here
+the reward is the length of the model's answer modulo 7, scaled to [0, 1]: rollouts of a group differ, so each RL
+step takes a real optimizer step, and the same tokens always get the same reward in any process (unlike a random
+reward). It measures nothing about learning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from trajlab.env.base import Environment
+from trajlab.env.registry import EnvSpec
+
+
+class LengthReward(Environment):
+    """Say anything; the reward depends on how long the answer is (test only)."""
+
+    def reset(self, **task: Any) -> str:
+        super().reset()
+        return f"Tell me about {task['topic']}."
+
+    def next_user_message(self, answer: str | None) -> str | None:
+        self.reward = len(answer or "") % 7 / 6
+        self.done = True
+        return None
+
+    def note(self, text: str) -> str:
+        """Write a note down.
+
+        Args:
+            text: the note
+        """
+        return "Noted."
+
+
+def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    for index in range(1000):
+        yield {"task_id": f"{split}-{index}", "topic": ["cats", "rain", "maps", "tea"][(index + seed) % 4]}
+
+
+SPEC = EnvSpec(name="length", env_cls=LengthReward, tasks=tasks, system_prompt="Answer briefly.")

@@ -1,0 +1,220 @@
+"""Rollout workers on Ray: episodes run on N actors, each with its own generator and env instances.
+
+An episode is serialisable in (``Episode``) and out (``Trajectory``), so a worker is the in-process engine moved into
+a Ray actor: it builds its policy from a :class:`WorkerSpec` (a model directory, a server URL or ``oracle``; never a
+live object) and runs episodes on its own event loop, where its generator batches their turns as the in-process
+engine's does. The driver's :class:`RayRolloutRunner` is an ``EpisodeRunner`` like the in-process engines: results
+stream back as episodes finish, retries and ``on_result`` work the same, and sampling is seeded per episode and turn,
+so where an episode runs does not change what it samples.
+
+A worker that dies takes its episodes in flight with it: each comes back as an ``error`` trajectory naming the
+worker (the runner's retries run it again elsewhere), and the dead worker is replaced by a fresh one that gets the
+latest weights. After an optimizer step, :meth:`RayRolloutRunner.load_weights` puts the trainer's weights in Ray's
+object store once and every worker copies them into its generator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trajlab.chat.parsers import get_parser
+from trajlab.env.mixture import EnvMixture
+from trajlab.env.registry import EnvSpec
+from trajlab.errors import UserError, require
+from trajlab.inference.base import SamplingParams
+from trajlab.rollout.engine import Episode, EpisodeRunner, make_engine
+from trajlab.rollout.types import Trajectory
+
+logger = logging.getLogger(__name__)
+INSTALL = "pip install 'trajlab[ray]'"
+MAX_SOCKET_DIR = 40
+"""Ray puts unix sockets under ``<temp dir>/session_<date>_<pid>/sockets/`` and the kernel caps their paths at 107
+bytes: a longer run directory gets a short temp dir elsewhere, linked from the run directory."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker builds its engine from: plain, picklable settings (no loaded model, tokenizer or generator)."""
+
+    env: EnvSpec | EnvMixture
+    policy: str
+    """``oracle``, a model directory or a server URL (see ``trajlab.inference.policy.load_policy``)."""
+    tokenizer: str | None = None
+    backend: str = "hf"
+    device: str = "auto"
+    dtype: str = "auto"
+    parser: str = "auto"
+    sampling: SamplingParams = SamplingParams()
+    limits: dict[str, int | float] = field(default_factory=dict)
+    system_prompt: str | None = None
+    seed: int = 0
+    max_batch_size: int = 32
+
+
+class RolloutWorker:
+    """The body of one Ray actor: an in-process engine over the worker's own policy."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from trajlab.inference.policy import load_policy
+
+        policy = load_policy(spec.policy, tokenizer=spec.tokenizer, oracle=spec.env.oracle, device=spec.device,
+                             dtype=spec.dtype, backend=spec.backend)
+        self.generator = policy.generator
+        if hasattr(self.generator, "max_batch_size"):
+            self.generator.max_batch_size = spec.max_batch_size
+        self.engine = make_engine(spec.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                                  parser=get_parser(spec.parser, policy.tokenizer), sampling=spec.sampling,
+                                  limits=spec.limits, system_prompt=spec.system_prompt, seed=spec.seed)
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        return await self.engine.run_episode(episode)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take the trainer's weights (base-checkpoint names, LoRA merged): the next turns sample from them."""
+        model = getattr(self.generator, "model", None)
+        if isinstance(model, torch.nn.Module):  # hf: copied in place, which also drops its kept key/value states
+            model.load_state_dict(weights)
+        elif hasattr(self.generator, "load_named_weights"):  # vllm
+            self.generator.load_named_weights(weights)
+        else:
+            raise TypeError(f"the {type(self.generator).__name__} policy of this worker takes no weights: RL with "
+                            "rollout workers needs a model directory (hf or vllm backend)")
+
+    def counters(self) -> dict[str, int]:
+        """The generator's work so far (``batches``: generate calls), for the driver's step metrics."""
+        return {"batches": int(getattr(self.generator, "batches", 0))}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class RayRolloutRunner(EpisodeRunner):
+    """Runs episodes on ``workers`` Ray actors; see the module doc.
+
+    Args:
+        spec: what each worker builds.
+        workers: how many actors.
+        address: ``local`` starts a Ray cluster in this process (its temp dir under ``run_dir``), ``auto`` joins
+            the one this machine runs (``ray start``), anything else is a cluster address.
+        run_dir: where a local cluster keeps its files (``run_dir/ray``).
+        worker_cpus: CPUs Ray reserves for each actor (a local cluster is started with enough for all of them).
+        concurrency: episodes each actor runs at once.
+    """
+
+    def __init__(self, spec: WorkerSpec, workers: int, *, address: str = "local", run_dir: str | Path | None = None,
+                 worker_cpus: float = 1.0, concurrency: int = 32) -> None:
+        if workers < 1:
+            raise UserError(f"rollout.workers must be at least 1 to use Ray (got {workers}); 0 runs in-process.")
+        self._ray = require("ray", feature="rollout.workers", install=INSTALL)
+        self.spec = spec
+        self._started_ray = False
+        if not self._ray.is_initialized():
+            self._start_ray(address, run_dir, workers * worker_cpus)
+        free = self._ray.available_resources().get("CPU", 0.0)
+        if free < workers * worker_cpus:  # Ray would wait forever to place them
+            raise UserError(f"rollout.workers: {workers} workers of {worker_cpus:g} CPU need {workers * worker_cpus:g} "
+                            f"free CPUs, and the Ray cluster has {free:g} (others are held by running actors): use "
+                            "fewer workers or a bigger cluster.")
+        self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, max_concurrency=concurrency + 4)
+        self._weights: Any = None  # the latest weights' object ref, for workers started later
+        self.workers = [self._actor.remote(spec) for _ in range(workers)]
+        self._load = [0] * workers  # episodes in flight per worker
+        self.replaced = 0
+        """Workers that died and were replaced."""
+        self._ray.get([worker.pid.remote() for worker in self.workers])  # built, or the error is raised here
+
+    @property
+    def batches(self) -> int:
+        """Generate calls of every live worker so far."""
+        return sum(c["batches"] for c in self._ray.get([w.counters.remote() for w in self.workers]))
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        index = min(range(len(self.workers)), key=self._load.__getitem__)
+        worker = self.workers[index]
+        self._load[index] += 1
+        try:
+            return await worker.run_episode.remote(episode)
+        except self._ray.exceptions.RayActorError as exc:
+            self._replace(index, worker)
+            return _lost(self.spec.env, episode, f"rollout worker {index} died: {type(exc).__name__}: {exc}")
+        finally:
+            self._load[index] -= 1
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Every worker's generator takes ``model``'s weights (a PEFT model's adapters merged in)."""
+        from trajlab.inference.vllm import full_weights
+
+        weights = {name: tensor.to("cpu") for name, tensor in full_weights(model).items()}
+        self._weights = self._ray.put(weights)
+        self._ray.get([worker.load_weights.remote(self._weights) for worker in self.workers])
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (to watch them, or, in a test, to kill one)."""
+        return self._ray.get([worker.pid.remote() for worker in self.workers])
+
+    def close(self) -> None:
+        """Stop the workers, and the Ray cluster if this runner started it."""
+        for worker in self.workers:
+            with contextlib.suppress(Exception):  # a dead or stuck worker: killed below all the same
+                self._ray.get(worker.close.remote(), timeout=30)
+            self._ray.kill(worker)
+        self.workers = []
+        if self._started_ray:
+            self._ray.shutdown()
+            self._started_ray = False
+
+    def _replace(self, index: int, dead: Any) -> None:
+        """A fresh worker in place of a dead one (once, however many of its episodes report the death)."""
+        if self.workers[index] is not dead:
+            return
+        logger.warning("rollout worker %d died; starting a new one", index)
+        fresh = self._actor.remote(self.spec)
+        if self._weights is not None:
+            fresh.load_weights.remote(self._weights)  # actor calls run in order: before any episode it gets
+        self.workers[index] = fresh
+        self.replaced += 1
+
+    def _start_ray(self, address: str, run_dir: str | Path | None, cpus: float) -> None:
+        options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
+        if address == "local":
+            options |= {"num_cpus": max(int(cpus + 0.999), os.cpu_count() or 1),
+                        "_temp_dir": _temp_dir(Path(run_dir) if run_dir is not None else None)}
+        else:
+            options["address"] = address
+        self._ray.init(**options)
+        self._started_ray = True
+
+
+def _temp_dir(run_dir: Path | None) -> str:
+    """``run_dir/ray`` when its socket paths fit the kernel's limit; else a short directory, linked as ``run_dir/ray``
+    so the cluster's logs are still found from the run."""
+    if run_dir is None:
+        return tempfile.mkdtemp(prefix="trajlab-ray-")
+    wanted = run_dir.resolve() / "ray"
+    if len(str(wanted)) <= MAX_SOCKET_DIR:
+        wanted.mkdir(parents=True, exist_ok=True)
+        return str(wanted)
+    short = tempfile.mkdtemp(prefix="trajlab-ray-")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not wanted.is_symlink() and not wanted.exists():
+        wanted.symlink_to(short, target_is_directory=True)
+    return short
+
+
+def _lost(env: EnvSpec | EnvMixture, episode: Episode, cause: str) -> Trajectory:
+    """The record of an episode whose worker died under it: status error, the cause, nothing else known."""
+    name = env.spec_for(episode.task).name if isinstance(env, EnvMixture) else env.name
+    return Trajectory(id=episode.id, env=name, task=episode.task, messages=[], tools=[], reward=0.0, status="error",
+                      stop_reason="exception", error=cause, split=episode.split, group=episode.group)
+
