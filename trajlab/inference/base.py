@@ -77,12 +77,13 @@ class Generator(Protocol):
 
 
 @runtime_checkable
-class WeightSyncedGenerator(Generator, Protocol):
-    """A sampler that is not the trainer's own forward pass (e.g. an in-process vLLM engine): RL hands it the
-    trainer's weights after every optimizer step, and lets it free its memory during the update."""
+class TakesWeights(Protocol):
+    """Samples with weights of its own (an in-process vLLM engine, Ray rollout workers): RL hands it the trainer's
+    weights after every optimizer step, and lets it free its memory during the update."""
 
     def load_weights(self, model: Any) -> None: ...
 
     def sleep(self) -> None: ...
 
     def wake_up(self) -> None: ...
+

@@ -3,9 +3,8 @@
 Episodes submit requests independently; a single worker drains the queue, groups requests with the same sampling
 settings into a left-padded batch, and runs generation in a thread so tools of other episodes keep running. Each
 row samples from its own stream, seeded by its request (``sampling.SeededDraws``), so batching never changes what
-an episode samples. Each
-turn feeds only the tokens the model has not read yet: the key/value states of every episode's history, and of the
-head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
+an episode samples. Each turn feeds only the tokens the model has not read yet: the key/value states of every
+episode's history, and of the head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
 """
 
 from __future__ import annotations

@@ -159,6 +159,12 @@ class RayRolloutRunner(EpisodeRunner):
         self._weights = self._ray.put(weights)
         self._ray.get([worker.load_weights.remote(self._weights) for worker in self.workers])
 
+    def sleep(self) -> None:
+        """Nothing: the workers' memory is their own processes', not the trainer's."""
+
+    def wake_up(self) -> None:
+        """Nothing (see :meth:`sleep`)."""
+
     def pids(self) -> list[int]:
         """The workers' process ids (to watch them, or, in a test, to kill one)."""
         return self._ray.get([worker.pid.remote() for worker in self.workers])

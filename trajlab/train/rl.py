@@ -40,7 +40,7 @@ from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
-from trajlab.inference.base import Generator, SamplingParams, WeightSyncedGenerator
+from trajlab.inference.base import Generator, SamplingParams, TakesWeights
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import load_model
 from trajlab.rollout.drift import check_token_drift
@@ -139,16 +139,14 @@ def run_rl(
     workers = (_rollout_workers(model_dir, env, system_prompt, settings, rollout, out_dir, seed=seed, backend=backend,
                                 device=device, dtype=dtype) if rollout.workers else None)
     runner = workers if workers is not None else engine
+    synced = workers if workers is not None else generator  # what samples, and may hold weights of its own
     start = _resume(accelerator, out_dir) if resume else 0
-    if start and isinstance(generator, WeightSyncedGenerator):  # it started from model_dir, not the checkpoint
-        generator.load_weights(model)
-    if start and workers is not None:
-        workers.load_weights(model)
+    if start and isinstance(synced, TakesWeights):  # it started from model_dir, not the checkpoint
+        synced.load_weights(model)
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
     # The hf backend samples from the very model being trained; any other sampler needs the correction.
     other_sampler = sampler is not None or workers is not None
     correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and other_sampler)
-    generations = workers if workers is not None else generator  # what counts generate calls
     metrics_file = (out_dir / "metrics.jsonl").open("a")
     for step in range(start, settings.steps):
         # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
@@ -156,13 +154,13 @@ def run_rl(
         mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
         episodes = [e for i in mine for e in _group_episodes(step, i, step_tasks[i], settings.group_size)]
         model.eval()
-        started, calls_before = time.perf_counter(), generations.batches
+        started, calls_before = time.perf_counter(), synced.batches
         trajectories = asyncio.run(runner.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
                                               retry_backoff_s=rollout.retry_backoff_s))
         rollout_s = time.perf_counter() - started
         order = {episode.id: i for i, episode in enumerate(episodes)}  # finishing order is timing: train in plan order
         trajectories.sort(key=lambda t: order[t.id])
-        generate_calls = generations.batches - calls_before
+        generate_calls = synced.batches - calls_before
 
         # --- 2-3. rewards and advantages, group by group ---
         rewards = [score(t, settings.rewards) for t in trajectories]
@@ -179,12 +177,10 @@ def run_rl(
         # --- 4. policy-gradient update on model tokens ---
         model.train()
         started = time.perf_counter()
-        with _synced_sampler(generator, model):
+        with _synced_sampler(synced, model):
             update = _update(policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
                              [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
                              correct=correct)
-        if workers is not None:
-            workers.load_weights(model)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, rollout_s, update_s) | group_stats | update
@@ -210,10 +206,11 @@ def run_rl(
 
 
 @contextmanager
-def _synced_sampler(sampler: Generator, model: torch.nn.Module) -> Iterator[None]:
-    """Around the update: a sampler that is not the trained model itself (vLLM) frees its memory (sleep), then
-    wakes and takes the new weights, so the next rollouts come from them. Nothing for the on-policy HFGenerator."""
-    if not isinstance(sampler, WeightSyncedGenerator):
+def _synced_sampler(sampler: Generator | RayRolloutRunner, model: torch.nn.Module) -> Iterator[None]:
+    """Around the update: a sampler that is not the trained model itself (vLLM, rollout workers) frees its memory
+    (sleep), then wakes and takes the new weights, so the next rollouts come from them. Nothing for the on-policy
+    HFGenerator."""
+    if not isinstance(sampler, TakesWeights):
         yield
         return
     sampler.sleep()
