@@ -90,21 +90,47 @@ def sampling_logprobs(scores: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(scores.float(), dim=-1)
 
 
-class SeededDraws(LogitsProcessor):
-    """Samples each row from its own random stream by the Gumbel-max trick: ``argmax(scores + G)`` with G standard
-    Gumbel noise is a draw from ``softmax(scores)``, so greedy decoding over the perturbed scores samples exactly the
-    distribution the scores define. Row r's noise comes from a generator seeded with ``seeds[r]`` and advanced one
-    vocabulary-sized draw per step: a row samples the same tokens whichever rows share its batch.
+def _signed(value: int) -> int:
+    """A 64-bit constant as torch's int64 holds it."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
-    Comes after the recorder (``ChosenLogprobs``), which keeps the unperturbed distribution's logprobs.
+
+_GOLDEN, _MIX1, _MIX2 = (_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1), one per (seed, counter) pair: splitmix64's output function over ``seed + counter x
+    golden`` (int64 arithmetic wraps), vectorised, so every value depends on its seed and counter only."""
+    z = seeds + counters * _GOLDEN
+    z = (z ^ _shift(z, 30)) * _MIX1
+    z = (z ^ _shift(z, 27)) * _MIX2
+    z = z ^ _shift(z, 31)
+    return (_shift(z, 11).double() + 0.5) / float(1 << 53)
+
+
+class SeededDraws(LogitsProcessor):
+    """Samples each row from its own random stream: row r's token at step t is drawn by inverting the cumulative
+    distribution of ``softmax(scores[r])`` at a counter-based uniform of (``seeds[r]``, t) (:func:`counter_uniforms`).
+    The returned scores keep only the drawn token (the rest -inf), so ``generate``'s greedy choice is the draw, and a
+    row samples the same tokens whichever rows share its batch. One uniform per row per step: the draw costs a
+    softmax and a cumulative sum, not vocabulary-sized noise.
+
+    Comes after the recorder (``ChosenLogprobs``), which keeps the distribution's logprobs.
     """
 
     def __init__(self, seeds: list[int], device: torch.device | str) -> None:
-        self.streams = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self.seeds = torch.tensor(seeds, dtype=torch.int64, device=device)[:, None]
+        self.step = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        vocab = scores.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=stream, device=scores.device) for stream in self.streams])
-        tiny = torch.finfo(uniform.dtype).tiny  # rand may return exactly 0: a very low noise value, not a nan
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(tiny)))
-        return scores.float() + gumbel
+        uniform = counter_uniforms(self.seeds.to(scores.device), torch.tensor([[self.step]], device=scores.device))
+        self.step += 1
+        cdf = torch.softmax(scores.float(), dim=-1).cumsum(-1)
+        # the first token whose cumulative mass reaches u (> 0): never one the scores gave no probability
+        drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1:]).float()).clamp(max=scores.shape[-1] - 1)
+        return torch.full_like(scores, -torch.inf).scatter_(-1, drawn, 0.0)
