@@ -24,8 +24,9 @@ resident memory just before the measured work began.
    row stops early), sampled at temperature 1:
    - ``trajlab``: ``HFGenerator.generate`` for every prompt at once (one batch), logprobs and prefix states kept;
    - ``generate``: plain ``model.generate(..., use_cache=True)`` on the same left-padded prompts: the floor.
-   Wall time is the median of ``--repeats`` timed batches after one warm-up; trajlab's prefix cache is cleared
-   between repeats so each batch reads its prompts again.
+   Each framework runs alone in a fresh process (``--rounds`` processes each, alternating): one warm-up batch, whose
+   peak is the memory reported, then ``--repeats`` timed batches; wall time is the median over all of them.
+   trajlab's prefix cache is cleared between batches so each batch reads its prompts again.
 """
 
 from __future__ import annotations
@@ -217,26 +218,25 @@ def rollout_runner(framework: str, args: argparse.Namespace) -> Any:
 
 
 def rollout_worker(framework: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Peak memory of one framework's rollout batch (``framework``), or wall times of both, alternating ("both"):
-    on a shared machine, alternating keeps a burst of other work from landing on one side only."""
+    """One framework's rollout batches in this fresh process: peak memory of the first, wall times of the rest.
+
+    Each framework runs alone in its process: torch from two threads of one process (trajlab generates on its own
+    thread, plain ``generate`` on the main one) gives each thread an OpenMP team, and on a machine with as many cores
+    as one team has threads libgomp then stops spin-waiting, which slows the tiny model's small ops on both sides.
+    """
     import torch
 
     torch.manual_seed(args.seed)
-    if framework != "both":
-        before = rss_bytes()
-        run = rollout_runner(framework, args)
-        counts = run()
-        return {"peak": peak_bytes(), "before": before, "tokens": sum(counts)}
-    runners = {name: rollout_runner(name, args) for name in ROLLOUTS}
-    counts = {name: sum(run()) for name, run in runners.items()}  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in ROLLOUTS}
+    before = rss_bytes()
+    run = rollout_runner(framework, args)
+    tokens = sum(run())  # warm-up; its peak is the batch's memory
+    peak = peak_bytes()
+    times = []
     for _ in range(args.repeats):
-        for name, run in runners.items():
-            began = time.perf_counter()
-            counts[name] = sum(run())
-            times[name].append(time.perf_counter() - began)
-    return {name: {"seconds": statistics.median(times[name]), "times": times[name], "tokens": counts[name]}
-            for name in ROLLOUTS}
+        began = time.perf_counter()
+        tokens = sum(run())
+        times.append(time.perf_counter() - began)
+    return {"peak": peak, "before": before, "tokens": tokens, "times": times}
 
 
 # --- the driver ---
@@ -269,6 +269,7 @@ def main() -> None:
     parser.add_argument("--rollout-prompt", type=int, default=256)
     parser.add_argument("--rollout-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="fresh processes per rollout framework, alternating")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-rl-memory")
     parser.add_argument("--quick", action="store_true", help="lengths 256 512, rollouts 8 x 32 tokens")
@@ -306,20 +307,24 @@ def main() -> None:
                       f"{r['seconds']:.2f} |", flush=True)
 
     print(f"\nrollout batch: tiny model, {args.rollout_batch} prompts x {args.rollout_prompt} tokens, "
-          f"{args.rollout_tokens} new tokens each, temperature 1; wall time: median of {args.repeats}, alternating")
+          f"{args.rollout_tokens} new tokens each, temperature 1; wall time: median of {args.rounds} processes x "
+          f"{args.repeats} batches, alternating")
     print("| framework | s/batch | all runs s | generated tokens | tokens/s | peak RSS GB | time vs generate |")
     print("|---|---|---|---|---|---|---|")
-    timed = run_child(args, "rollout", "both")
-    for framework in ROLLOUTS:
-        memory = run_child(args, "rollout", framework)
-        if "error" in timed or "error" in memory:
-            print(f"| {framework} | {timed.get('error') or memory.get('error')} | | | | | |")
-            continue
-        r = timed[framework]
-        runs = " ".join(f"{t:.2f}" for t in r["times"])
-        print(f"| {framework} | {r['seconds']:.3f} | {runs} | {r['tokens']} | {r['tokens'] / r['seconds']:.0f} | "
-              f"{gb(memory['peak'])} | {r['seconds'] / timed['generate']['seconds']:.2f}x |")
-
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in ROLLOUTS}
+    for _ in range(args.rounds):  # alternating processes: a burst of other work does not land on one side only
+        for framework in ROLLOUTS:
+            results[framework].append(run_child(args, "rollout", framework))
+    failed = next((r["error"] for runs in results.values() for r in runs if "error" in r), None)
+    if failed:
+        print(f"| rollout | {failed} | | | | | |")
+        return
+    seconds = {name: statistics.median(t for r in runs for t in r["times"]) for name, runs in results.items()}
+    for framework, runs in results.items():
+        times = " ".join(f"{t:.2f}" for r in runs for t in r["times"])
+        tokens, peak = runs[0]["tokens"], max(r["peak"] for r in runs)
+        print(f"| {framework} | {seconds[framework]:.3f} | {times} | {tokens} | {tokens / seconds[framework]:.0f} | "
+              f"{gb(peak)} | {seconds[framework] / seconds['generate']:.2f}x |")
 
 if __name__ == "__main__":
     main()

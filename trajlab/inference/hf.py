@@ -1,15 +1,16 @@
 """transformers backend: batches the turns of concurrent episodes into one ``model.generate`` call.
 
 Episodes submit requests independently; a single worker drains the queue, groups requests with the same sampling
-settings into a left-padded batch, and runs generation in a thread so tools of other episodes keep running. Each
-row samples from its own stream, seeded by its request (``sampling.SeededDraws``), so batching never changes what
-an episode samples. Each turn feeds only the tokens the model has not read yet: the key/value states of every
-episode's history, and of the head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
+settings into a left-padded batch, and runs generation on one long-lived thread so tools of other episodes keep
+running. Each row samples from its own stream, seeded by its request (``sampling.SeededDraws``), so batching never
+changes what an episode samples. Each turn feeds only the tokens the model has not read yet: the key/value states of
+every episode's history, and of the head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import os
 import statistics
@@ -79,6 +80,9 @@ class HFGenerator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
+        # One long-lived thread for every batch: a fresh thread per event loop (asyncio.to_thread's executor ends
+        # with each asyncio.run, e.g. each RL step) pays for a new malloc arena and OpenMP team on every batch.
+        self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlab-hf")
         self.reuse_prefixes = reuse_prefixes and supports_prefix_reuse(model)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         # Reading ahead needs states, not logits: a real vocabulary makes full logits the largest tensor by far.
@@ -108,7 +112,8 @@ class HFGenerator:
             while self._queue:
                 batch = self._take_batch()
                 try:
-                    results = await asyncio.to_thread(self._generate_batch, [p.request for p in batch])
+                    results = await asyncio.get_running_loop().run_in_executor(
+                        self._compute, self._generate_batch, [p.request for p in batch])
                 except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
                     for pending in batch:
                         if not pending.future.done():
