@@ -12,7 +12,9 @@ One step, top to bottom:
    sampled (vLLM), its logprobs are not the trainer's: the ratio is taken against the trainer's own logprobs,
    recomputed before the update, and each token is weighted by the truncated importance weight
    min(p_trainer / p_sampler, cap) (``rl.importance_sampling``); the mismatch is logged every step.
-Runs through accelerate, so the same loop trains on several GPUs (each process rolls out its share of tasks).
+Runs through accelerate, so the same loop trains on several processes (``accelerate launch``): each process rolls
+out its share of the step's tasks, every process receives all of the step's trajectories, and the micro-batches of
+each minibatch are dealt round-robin to the processes, so the averaged gradient is the single-process one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import gather_object, set_seed
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
@@ -93,7 +95,12 @@ def run_rl(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     where = training_device(device)
-    accelerator = Accelerator(cpu=where.type == "cpu")
+    # The scheduler counts optimizer steps: accelerate would otherwise step a prepared one once per process.
+    accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
+    if rollout.workers and accelerator.num_processes > 1:
+        raise UserError("rollout.workers runs rollouts on Ray actors from one trainer process; under "
+                        f"{accelerator.num_processes} processes (accelerate launch) set rollout.workers: 0, and each "
+                        "process rolls out its share of the tasks.")
     set_seed(seed)
 
     # --- models: the policy (optionally LoRA), and a frozen reference only when a KL penalty asks for one ---
@@ -147,18 +154,21 @@ def run_rl(
     # The hf backend samples from the very model being trained; any other sampler needs the correction.
     other_sampler = sampler is not None or workers is not None
     correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and other_sampler)
-    metrics_file = (out_dir / "metrics.jsonl").open("a")
+    metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
     for step in range(start, settings.steps):
         # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
         step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
+        planned = [_group_episodes(step, i, task, settings.group_size) for i, task in enumerate(step_tasks)]
         mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
-        episodes = [e for i in mine for e in _group_episodes(step, i, step_tasks[i], settings.group_size)]
+        episodes = [e for i in mine for e in planned[i]]
         model.eval()
         started, calls_before = time.perf_counter(), synced.batches
         trajectories = asyncio.run(runner.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
                                               retry_backoff_s=rollout.retry_backoff_s))
         rollout_s = time.perf_counter() - started
-        order = {episode.id: i for i, episode in enumerate(episodes)}  # finishing order is timing: train in plan order
+        if accelerator.num_processes > 1:  # every process computes the same advantages and deals the same batches
+            trajectories = gather_object(trajectories)
+        order = {e.id: i for i, e in enumerate(itertools.chain(*planned))}  # finishing order is timing: plan order
         trajectories.sort(key=lambda t: order[t.id])
         generate_calls = synced.batches - calls_before
 
@@ -176,22 +186,25 @@ def run_rl(
 
         # --- 4. policy-gradient update on model tokens ---
         model.train()
-        started = time.perf_counter()
+        started, learning_rate = time.perf_counter(), scheduler.get_last_lr()[0]
         with _synced_sampler(synced, model):
             update = _update(policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
                              [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
-                             correct=correct)
+                             correct=correct, shuffle_seed=seed * 1_000_003 + step)
         update_s = time.perf_counter() - started
 
         record = _step_metrics(step, trajectories, rewards, rollout_s, update_s) | group_stats | update
-        record |= {"generate_calls": generate_calls, "drift/trajectories": len(drifts), "drift_check_s": drift_check_s}
-        metrics_file.write(json.dumps(record) + "\n")
-        metrics_file.flush()
-        if on_step:
-            on_step(record)
+        record |= {"generate_calls": generate_calls, "drift/trajectories": len(drifts), "drift_check_s": drift_check_s,
+                   "lr": learning_rate, "processes": accelerator.num_processes}
+        if metrics_file is not None:
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+            if on_step:
+                on_step(record)
         if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
             _checkpoint(accelerator, out_dir, step + 1)
-    metrics_file.close()
+    if metrics_file is not None:
+        metrics_file.close()
     engine.close()
     if workers is not None:
         workers.close()
@@ -312,6 +325,7 @@ def _update(
     pad_id: int,
     *,
     correct: bool = False,
+    shuffle_seed: int = 0,
 ) -> dict[str, float]:
     """One step's optimizer steps over its rollouts; returns the step's loss statistics and the sampler-trainer
     mismatch (``mismatch/...``).
@@ -319,10 +333,15 @@ def _update(
     ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed for
     every rollout first (the "old" policy of the clipped ratio) and each token's loss is weighted by the truncated
     importance weight. Without it the mismatch is measured on the passes before the first optimizer step.
+
+    Every process holds all of the step's rollouts. Each minibatch's micro-batches are dealt round-robin to the
+    processes; a process with none left runs a pass of weight zero, so all run the same number of backward passes
+    (DDP all-reduces on each) and nobody waits forever. Losses are scaled by the process count, since DDP averages
+    gradients: the sum over processes is the single-process gradient. ``shuffle_seed`` orders the minibatches.
     """
     usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
     if not usable:
-        return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "trained_sequences": 0}
+        return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_sequences": 0}
     lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
     trainer_logprobs: dict[int, list[float]] = {}
     mismatch = _MismatchSums()
@@ -330,41 +349,54 @@ def _update(
         trainer_logprobs = _trainer_logprobs(policy, trajectories, sorted(usable, key=lengths.__getitem__), settings,
                                              pad_id, accelerator.device, mismatch)
     # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the gradient
-    # without a KL term: skip its forward and backward. Normalisers still count it, so the step is the same. Several
-    # processes keep every pass, since DDP expects the same number of backward passes from each.
+    # without a KL term: skip its forward and backward. Normalisers still count it, so the step is the same.
     silent = set()
-    if settings.kl_coef == 0 and accelerator.num_processes == 1:
+    if settings.kl_coef == 0:
         silent = {i for i in usable if not any(token_advantages[i])}
     totals = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0}
     passes = steps = 0
+    grad_norm = 0.0
     per_step = settings.minibatch_size or len(usable)
+    processes, rank = accelerator.num_processes, accelerator.process_index
+    shuffle = torch.Generator().manual_seed(shuffle_seed)
     for _ in range(settings.epochs_per_step):
-        order = [usable[i] for i in torch.randperm(len(usable)).tolist()]
+        order = [usable[i] for i in torch.randperm(len(usable), generator=shuffle).tolist()]
         for start in range(0, len(order), per_step):
             # One optimizer step per minibatch; its micro-batches hold similar lengths to waste little on padding.
             minibatch = sorted(order[start : start + per_step], key=lengths.__getitem__)
             normaliser = _loss_normaliser([trajectories[i] for i in minibatch], settings.estimator, token_budget)
             trained = [i for i in minibatch if i not in silent]
-            for first in range(0, len(trained), settings.micro_batch_size):
-                chosen = trained[first : first + settings.micro_batch_size]
+            micro = [trained[first : first + settings.micro_batch_size]
+                     for first in range(0, len(trained), settings.micro_batch_size)]
+            for turn in range(math.ceil(len(micro) / processes)):
+                index = turn * processes + rank
+                chosen, weight = (micro[index], 1.0) if index < len(micro) else (micro[0], 0.0)
                 batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
                               accelerator.device, [trainer_logprobs[i] for i in chosen] if correct else None)
                 stats = _policy_loss(policy, reference, batch, settings, normaliser)
-                accelerator.backward(stats.pop("loss_tensor"))
+                accelerator.backward(stats.pop("loss_tensor") * (weight * processes))
+                if not weight:  # a pass that only keeps the processes in step
+                    continue
                 if not correct and steps == 0:  # the weights that sampled: the mismatch is the engines' difference
                     mismatch.add(stats.pop("trainer_logprobs"), batch, settings.importance_cap)
                 for key in totals:
                     totals[key] += stats[key]
                 passes += 1
-            accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm)
+            grad_norm += float(accelerator.clip_grad_norm_(policy.parameters(), settings.max_grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
             steps += 1
+    if processes > 1:  # the statistics of every process's passes
+        summed = accelerator.reduce(torch.tensor([*totals.values(), float(passes), *mismatch.sums()],
+                                                 device=accelerator.device), reduction="sum").tolist()
+        totals = dict(zip(totals, summed[: len(totals)], strict=True))
+        passes = int(summed[len(totals)])
+        mismatch = _MismatchSums(*summed[len(totals) + 1 :])
     # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
     averages = {key: value / max(1, passes) for key, value in totals.items()}
-    return (averages | {"loss": totals["loss"] / steps, "trained_sequences": len(usable) - len(silent)}
-            | mismatch.means())
+    return (averages | {"loss": totals["loss"] / max(1, steps), "grad_norm": grad_norm / max(1, steps),
+                        "trained_sequences": len(usable) - len(silent)} | mismatch.means())
 
 
 class _MismatchSums:
@@ -375,8 +407,11 @@ class _MismatchSums:
     and the share of tokens whose importance weight exp(t - s) exceeds the cap.
     """
 
-    def __init__(self) -> None:
-        self.abs_logprob = self.kl = self.clipped = self.tokens = 0.0
+    def __init__(self, abs_logprob: float = 0.0, kl: float = 0.0, clipped: float = 0.0, tokens: float = 0.0) -> None:
+        self.abs_logprob, self.kl, self.clipped, self.tokens = abs_logprob, kl, clipped, tokens
+
+    def sums(self) -> list[float]:
+        return [self.abs_logprob, self.kl, self.clipped, self.tokens]
 
     def add(self, trainer: torch.Tensor, batch: dict[str, Any], cap: float) -> None:
         start = batch["completion_start"]

@@ -99,6 +99,8 @@ def run_sft(
     if settings.lora:
         trained = trained.merge_and_unload()
     final = out_dir / "final"
-    trained.save_pretrained(final)
-    tokenizer.save_pretrained(final)
+    if trainer.accelerator.is_main_process:  # under accelerate launch, one process writes
+        trained.save_pretrained(final)
+        tokenizer.save_pretrained(final)
+    trainer.accelerator.wait_for_everyone()
     return final

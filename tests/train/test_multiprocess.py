@@ -1,0 +1,84 @@
+"""`trajlab rl` and `trajlab sft` in two processes (`accelerate launch --multi_gpu --num_processes 2` on a machine
+without GPUs: torchrun, gloo), against one process.
+
+Real processes: the commands run as a user would launch them, and what they log and save is compared with the same
+command run in one process. (``accelerate launch --cpu --num_processes 2`` starts a single process unless MPI is
+set up: accelerate's CPU path is its simple launcher; each test checks that two processes really ran.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trajlab.models import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+          "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "trajlab.cli"]
+ONE = [sys.executable, "-m", "trajlab.cli"]
+
+
+def run(command: list[str], cwd: Path) -> None:
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def largest_difference(a: Path, b: Path) -> float:
+    first, second = load_model(a).state_dict(), load_model(b).state_dict()
+    return max((first[name] - second[name]).abs().max().item() for name in first)
+
+
+def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
+    """Three tasks over two processes (2 and 1: uneven rollouts), micro-batches of 4 (4 and then 12 sequences
+    trained: 1 and 3 micro-batches, so one process runs a pass of weight zero), two steps with learning-rate
+    warm-up: the same rollouts,
+    the same learning rate each step (the scheduler steps once per optimizer step, not once per process), and the
+    same weights at the end."""
+    lr = 1e-3
+    common = ["rl", "--model", str(terse_model_dir), "--env", "tests.rollout.length_env:SPEC", "--steps", "2",
+              "--tasks-per-step", "3", "--group-size", "4", "--learning-rate", str(lr), "--device", "cpu",
+              "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=48", "--set", "rollout.concurrency=8",
+              "--set", "rl.warmup_steps=2", "--set", "rl.micro_batch_size=4", "--set", "rl.temperature=1.0",
+              "--set", "rl.rewards={env: 1.0}"]
+    run([*ONE, *common, "--out", str(tmp_path / "one")], ROOT)
+    run([*LAUNCH, *common, "--out", str(tmp_path / "two")], ROOT)
+    steps = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("one", "two")}
+    assert [s["processes"] for s in steps["one"] + steps["two"]] == [1, 1, 2, 2]
+    assert len(steps["two"]) == 2, "one process writes the metrics, once per step"
+    for single, double in zip(steps["one"], steps["two"], strict=True):
+        assert double["reward"] == single["reward"] and double["mean_turns"] == single["mean_turns"]
+        assert double["trained_sequences"] == single["trained_sequences"]
+        assert double["lr"] == pytest.approx(single["lr"])
+        assert double["loss"] == pytest.approx(single["loss"], rel=1e-4, abs=1e-6)
+        # Adam's step hardly depends on the gradient's scale; its norm does: both processes' shares, summed once
+        assert double["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4) and single["grad_norm"] > 0
+    assert [s["lr"] for s in steps["one"]] == pytest.approx([lr / 3, 2 * lr / 3])
+    assert sum(s["trained_sequences"] for s in steps["one"]) > 0, "a real update"
+    moved = largest_difference(terse_model_dir, tmp_path / "one" / "final")
+    apart = largest_difference(tmp_path / "one" / "final", tmp_path / "two" / "final")
+    # Adam moves each weight by about its learning rate whatever the gradient's scale; summing the gradient over
+    # two processes instead of one changes it by rounding only
+    assert moved > 0.5 * lr / 3 and apart < 0.05 * lr, (moved, apart)
+
+
+def test_sft_two_processes_match_one(tiny_model_dir, tmp_path):
+    """The same optimizer steps over the same sequences: 8 demonstrations, 4 a step in one process, 2 a step in
+    each of two (the per-device batch), two steps. Had one process run with batch 2, it would take four steps."""
+    demos = tmp_path / "demos.jsonl"
+    run([*ONE, "collect", "--env", "arithmetic", "--policy", "oracle", "--tokenizer", str(tiny_model_dir),
+         "--episodes", "8", "--out", str(demos)], ROOT)
+    common = ["sft", "--model", str(tiny_model_dir), "--from", str(demos), "--epochs", "1", "--device", "cpu",
+              "--set", "sft.warmup_steps=0", "--set", "sft.lr_scheduler=constant", "--learning-rate", "1e-3"]
+    run([*ONE, *common, "--batch-size", "4", "--out", str(tmp_path / "one")], ROOT)
+    run([*LAUNCH, *common, "--batch-size", "2", "--out", str(tmp_path / "two")], ROOT)
+    moved = largest_difference(tiny_model_dir, tmp_path / "one" / "final")
+    apart = largest_difference(tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 1e-3 and apart < 5e-5, (moved, apart)
