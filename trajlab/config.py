@@ -209,9 +209,14 @@ class RLSettings(Section):
     importance_sampling: Literal["auto", "on", "off"] = "auto"
     """Correct for a sampler that is not the trainer's own forward pass (vllm): the clipped ratio is taken against
     the trainer's recomputed logprobs, and each token is weighted by min(p_trainer / p_sampler, importance_cap).
-    auto: on whenever such a sampler rolls out, off for the hf backend (which samples from the trained model)."""
+    auto: on whenever such a sampler rolls out or rollouts may be stale (max_staleness > 0), off for the hf backend
+    sampling synchronously (from the trained model itself)."""
     importance_cap: float = Field(2.0, ge=1)
     """Upper bound of the truncated importance weight p_trainer / p_sampler."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous RL: rollouts of the next K steps run while the current step trains, from weights at most K steps
+    old (each trajectory records its policy version; older ones are dropped); the update corrects for the lag with
+    importance sampling (on under auto). 0: synchronous, every step sampled by the weights just trained."""
     max_drift: float = Field(0.0, ge=0, le=1)
     """Share of trajectories whose tokens may differ from their messages as the chat template renders them (they are
     dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""

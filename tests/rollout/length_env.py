@@ -8,6 +8,7 @@ reward). It measures nothing about learning.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,3 +43,17 @@ def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
 
 
 SPEC = EnvSpec(name="length", env_cls=LengthReward, tasks=tasks, system_prompt="Answer briefly.")
+
+
+class SlowLengthReward(LengthReward):
+    """LengthReward whose verifier takes ``DELAY_S`` of wall time (a latency wrapper, test only): the time a real
+    tool or judge would take, during which the trainer can update."""
+
+    DELAY_S = 0.4
+
+    def next_user_message(self, answer: str | None) -> str | None:
+        time.sleep(self.DELAY_S)
+        return super().next_user_message(answer)
+
+
+SLOW = EnvSpec(name="slow_length", env_cls=SlowLengthReward, tasks=tasks, system_prompt="Answer briefly.")

@@ -19,7 +19,6 @@ each minibatch are dealt round-robin to the processes, so the averaged gradient 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import itertools
 import json
@@ -56,6 +55,7 @@ from trajlab.train.advantages import (
     spread_over_turns,
     turn_rewards_with_terminal,
 )
+from trajlab.train.feed import RolloutFeed
 from trajlab.train.logprobs import chosen_logprobs
 from trajlab.train.lora import lora_config
 from trajlab.train.placement import check_trainable, training_device
@@ -123,7 +123,11 @@ def run_rl(
     if reference is not None:
         reference.to(accelerator.device)
 
-    generator = sampler if sampler is not None else HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency)
+    # With max_staleness > 0 rollouts run while the policy trains, so the hf backend samples from a copy of it
+    # (the behaviour policy), which takes the trained weights between two steps' rollouts.
+    behaviour = copy.deepcopy(model).eval() if settings.max_staleness and sampler is None else None
+    generator = sampler if sampler is not None else HFGenerator(behaviour or model, tokenizer,
+                                                                  max_batch_size=rollout.concurrency)
     env, system_prompt = rollout.prompted(env)
     parser = get_parser(rollout.parser, tokenizer)
     engine = make_engine(
@@ -148,66 +152,92 @@ def run_rl(
     runner = workers if workers is not None else engine
     synced = workers if workers is not None else generator  # what samples, and may hold weights of its own
     start = _resume(accelerator, out_dir) if resume else 0
-    if start and isinstance(synced, TakesWeights):  # it started from model_dir, not the checkpoint
-        synced.load_weights(model)
+    if start:  # the sampler started from model_dir, not the checkpoint
+        _publish(synced, behaviour, model)
     tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
-    # The hf backend samples from the very model being trained; any other sampler needs the correction.
-    other_sampler = sampler is not None or workers is not None
+    # The hf backend samples from the very model being trained; any other sampler, or older weights, need the
+    # correction.
+    other_sampler = sampler is not None or workers is not None or settings.max_staleness > 0
     correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and other_sampler)
-    metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
-    for step in range(start, settings.steps):
-        # --- 1. rollouts: this process's share of the step's tasks, group_size rollouts each ---
+    plans: dict[int, list[list[Episode]]] = {}
+
+    async def rollouts(step: int) -> list[Trajectory]:
+        """This process's share of the step's tasks, group_size rollouts each."""
         step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
-        planned = [_group_episodes(step, i, task, settings.group_size) for i, task in enumerate(step_tasks)]
+        plans[step] = [_group_episodes(step, i, task, settings.group_size) for i, task in enumerate(step_tasks)]
         mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
-        episodes = [e for i in mine for e in planned[i]]
-        model.eval()
-        started, calls_before = time.perf_counter(), synced.batches
-        trajectories = asyncio.run(runner.run(episodes, concurrency=rollout.concurrency, retries=rollout.retries,
-                                              retry_backoff_s=rollout.retry_backoff_s))
-        rollout_s = time.perf_counter() - started
-        if accelerator.num_processes > 1:  # every process computes the same advantages and deals the same batches
-            trajectories = gather_object(trajectories)
-        order = {e.id: i for i, e in enumerate(itertools.chain(*planned))}  # finishing order is timing: plan order
-        trajectories.sort(key=lambda t: order[t.id])
-        generate_calls = synced.batches - calls_before
+        return await runner.run([e for i in mine for e in plans[step][i]], concurrency=rollout.concurrency,
+                                retries=rollout.retries, retry_backoff_s=rollout.retry_backoff_s)
 
-        # --- 2-3. rewards and advantages, group by group ---
-        rewards = [score(t, settings.rewards) for t in trajectories]
-        token_advantages, group_stats = _advantages(trajectories, rewards, settings)
+    model.eval()
+    feed = RolloutFeed(rollouts, start=start, steps=settings.steps, max_staleness=settings.max_staleness,
+                       calls=lambda: synced.batches)
+    metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
+    try:
+        for step in range(start, settings.steps):
+            # --- 1. rollouts: made by the feed's thread, from weights at most max_staleness steps old ---
+            waited = time.perf_counter()
+            made = feed.next()
+            waited = time.perf_counter() - waited
+            trajectories = made.trajectories
+            if accelerator.num_processes > 1:  # every process computes the same advantages and deals the same batches
+                trajectories = gather_object(trajectories)
+            order = {e.id: i for i, e in enumerate(itertools.chain(*plans.pop(step)))}  # not finishing order
+            trajectories.sort(key=lambda t: order[t.id])
+            staleness = [step - int(t.metrics["policy_version"]) for t in trajectories]
 
-        # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
-        started = time.perf_counter()
-        clean, drifts = check_token_drift(trajectories, tokenizer, chat_template, parser, max_drift=settings.max_drift)
-        drift_check_s = time.perf_counter() - started
-        clean_ids = {id(t) for t in clean}
-        # an episode the machinery broke (status error) is no sample of the policy: never trained on
-        kept = [i for i, t in enumerate(trajectories) if id(t) in clean_ids and t.status != "error"]
+            # --- 2-3. rewards and advantages, group by group ---
+            rewards = [score(t, settings.rewards) for t in trajectories]
+            token_advantages, group_stats = _advantages(trajectories, rewards, settings)
 
-        # --- 4. policy-gradient update on model tokens ---
-        model.train()
-        started, learning_rate = time.perf_counter(), scheduler.get_last_lr()[0]
-        with _synced_sampler(synced, model):
-            update = _update(policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
-                             [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
-                             correct=correct, shuffle_seed=seed * 1_000_003 + step)
-        update_s = time.perf_counter() - started
+            # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
+            started = time.perf_counter()
+            clean, drifts = check_token_drift(trajectories, tokenizer, chat_template, parser,
+                                              max_drift=settings.max_drift)
+            drift_check_s = time.perf_counter() - started
+            clean_ids = {id(t) for t in clean}
+            # an episode the machinery broke (status error) is no sample of the policy: never trained on; one
+            # sampled by weights more than max_staleness steps old is dropped
+            kept = [i for i, t in enumerate(trajectories)
+                    if id(t) in clean_ids and t.status != "error" and staleness[i] <= settings.max_staleness]
 
-        record = _step_metrics(step, trajectories, rewards, rollout_s, update_s) | group_stats | update
-        record |= {"generate_calls": generate_calls, "drift/trajectories": len(drifts), "drift_check_s": drift_check_s,
-                   "lr": learning_rate, "processes": accelerator.num_processes}
+            # --- 4. policy-gradient update on model tokens ---
+            model.train()
+            started, learning_rate = time.perf_counter(), scheduler.get_last_lr()[0]
+            # synchronous: the sampler is idle during the update, so it may free its memory and take the weights;
+            # asynchronous: it keeps rolling out the next steps and takes the weights between two of them
+            with _synced_sampler(synced, model) if not settings.max_staleness else nullcontext():
+                update = _update(policy, reference, optimizer, scheduler, accelerator,
+                                 [trajectories[i] for i in kept], [token_advantages[i] for i in kept], settings,
+                                 token_budget, tokenizer.pad_token_id or 0, correct=correct,
+                                 shuffle_seed=seed * 1_000_003 + step)
+            ended = time.perf_counter()
+            model.eval()
+            overlap_s = feed.timeline.overlap(started, ended, now=ended)
+            if settings.max_staleness:
+                feed.trained(step + 1, lambda: _publish(synced, behaviour, model))
+            else:
+                feed.trained(step + 1, lambda: None)
+
+            record = _step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
+            record |= group_stats | update | _staleness_metrics(staleness, settings.max_staleness)
+            record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
+                       "drift_check_s": drift_check_s, "lr": learning_rate, "processes": accelerator.num_processes,
+                       "rollout_wait_s": waited, "overlap_s": overlap_s}
+            if metrics_file is not None:
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                if on_step:
+                    on_step(record)
+            if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
+                _checkpoint(accelerator, out_dir, step + 1)
+    finally:
+        feed.close()
         if metrics_file is not None:
-            metrics_file.write(json.dumps(record) + "\n")
-            metrics_file.flush()
-            if on_step:
-                on_step(record)
-        if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
-            _checkpoint(accelerator, out_dir, step + 1)
-    if metrics_file is not None:
-        metrics_file.close()
-    engine.close()
-    if workers is not None:
-        workers.close()
+            metrics_file.close()
+        engine.close()
+        if workers is not None:
+            workers.close()
 
     final = out_dir / "final"
     if accelerator.is_main_process:
@@ -232,6 +262,23 @@ def _synced_sampler(sampler: Generator | RayRolloutRunner, model: torch.nn.Modul
     finally:
         sampler.wake_up()
     sampler.load_weights(model)
+
+
+def _publish(sampler: Generator | RayRolloutRunner, behaviour: torch.nn.Module | None, model: torch.nn.Module) -> None:
+    """Hand the trained weights to what samples: its own copy (vLLM, rollout workers), or the behaviour policy."""
+    if isinstance(sampler, TakesWeights):
+        sampler.load_weights(model)
+    elif behaviour is not None:
+        with torch.no_grad():
+            for mine, trained in zip(behaviour.parameters(), model.parameters(), strict=True):
+                mine.copy_(trained)
+
+
+def _staleness_metrics(staleness: list[int], max_staleness: int) -> dict[str, float]:
+    """How many policy versions behind the trained weights each rollout was sampled, and how many were dropped."""
+    counts = {f"staleness/{age}": float(staleness.count(age)) for age in sorted(set(staleness)) if age >= 0}
+    return counts | {"dropped_stale": float(sum(age > max_staleness for age in staleness)),
+                     "staleness_mean": sum(staleness) / max(1, len(staleness))}
 
 
 def _rollout_workers(model_dir: str | Path | PreTrainedModel, env: EnvSpec | EnvMixture, system_prompt: str | None,
