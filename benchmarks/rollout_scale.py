@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import resource
 import tempfile
 import time
 from pathlib import Path
 
-from trajlab.chat.template import resolve_chat_template
+from trajlab.chat.parsers import get_parser
 from trajlab.env.registry import load_env
 from trajlab.inference.policy import load_policy
 from trajlab.models import init_tiny_model
@@ -28,7 +29,7 @@ from trajlab.rollout.engine import Episode, make_engine
 
 def episodes(env_name: str, count: int) -> list[Episode]:
     env = load_env(env_name)
-    tasks = env.iter_tasks("train", 0)
+    tasks = itertools.cycle(list(env.iter_tasks("train", 0)))  # more episodes than tasks: tasks repeat
     return [Episode(f"bench:{i}", next(tasks), split="train") for i in range(count)]
 
 
@@ -36,7 +37,8 @@ def in_process(env_name: str, model_dir: Path, count: int) -> tuple[float, float
     """Wall seconds, turns per episode and status counts of ``count`` concurrent episodes in this process."""
     env = load_env(env_name)
     policy = load_policy("oracle", tokenizer=model_dir, oracle=env.oracle)
-    engine = make_engine(env, policy.generator, policy.tokenizer, chat_template=resolve_chat_template(policy.tokenizer))
+    engine = make_engine(env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                         parser=get_parser("auto", policy.tokenizer))
     planned = episodes(env_name, count)
     began = time.perf_counter()
     done = asyncio.run(engine.run(planned, concurrency=count))
