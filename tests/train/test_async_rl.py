@@ -32,8 +32,8 @@ def rl(model_dir, out, env=LENGTH, resume=False, **changes) -> list[dict]:
 def test_no_staleness_is_the_synchronous_loop(terse_model_dir, tmp_path):
     """max_staleness 0 through the rollout thread: every step is sampled by the weights just trained. The sampler's
     logprobs equal the trainer's up to rounding (the hf backend samples from the trained model itself; one update
-    behind, they differ by 0.2-0.3 on average, see the next test); and the run equals one stopped after step 1 and resumed from its checkpoint, which cannot
-    have sampled step 2 from anything but step 1's weights."""
+    behind, they differ by 0.2-0.3 on average, see the next test); and the run equals one stopped after step 1 and
+    resumed from its checkpoint, which cannot have sampled step 2 from anything but step 1's weights."""
     through = rl(terse_model_dir, tmp_path / "through", steps=2)
     rl(terse_model_dir, tmp_path / "resumed", steps=1)
     resumed = rl(terse_model_dir, tmp_path / "resumed", steps=2, resume=True)
