@@ -214,10 +214,8 @@ def run_rl(
             ended = time.perf_counter()
             model.eval()
             overlap_s = feed.timeline.overlap(started, ended, now=ended)
-            if settings.max_staleness:
-                feed.trained(step + 1, lambda: _publish(synced, behaviour, model))
-            else:
-                feed.trained(step + 1, lambda: None)
+            # synchronous, the weights went to the sampler on leaving _synced_sampler
+            feed.trained(step + 1, lambda: _publish(synced, behaviour, model) if settings.max_staleness else None)
 
             record = _step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
             record |= group_stats | update | _staleness_metrics(staleness, settings.max_staleness)
@@ -276,7 +274,7 @@ def _publish(sampler: Generator | RayRolloutRunner, behaviour: torch.nn.Module |
 
 def _staleness_metrics(staleness: list[int], max_staleness: int) -> dict[str, float]:
     """How many policy versions behind the trained weights each rollout was sampled, and how many were dropped."""
-    counts = {f"staleness/{age}": float(staleness.count(age)) for age in sorted(set(staleness)) if age >= 0}
+    counts = {f"staleness/{age}": float(staleness.count(age)) for age in sorted(set(staleness))}
     return counts | {"dropped_stale": float(sum(age > max_staleness for age in staleness)),
                      "staleness_mean": sum(staleness) / max(1, len(staleness))}
 
