@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import signal
 
 import pytest
 
 from trajlab.chat.parsers import get_parser
-from trajlab.env import load_env
+from trajlab.data.store import read_trajectories
+from trajlab.env.prompts import SYSTEM_PROMPT
+from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
 from trajlab.rollout.engine import Episode, make_engine
 from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
+
+from .dying_env import ARITHMETIC, arm
 
 pytest.importorskip("ray")
 SAMPLING = SamplingParams(temperature=1.0)
@@ -23,7 +25,7 @@ LIMITS = {"max_turns": 2, "max_new_tokens": 24}
 
 @pytest.fixture(scope="module")
 def episodes():
-    tasks = list(itertools.islice(load_env("arithmetic").iter_tasks("test"), 8))
+    tasks = list(itertools.islice(ARITHMETIC.iter_tasks("test"), 8))
     return [Episode(f"e{i}:{t['task_id']}", t, split="test") for i, t in enumerate(tasks)]
 
 
@@ -31,19 +33,29 @@ def episodes():
 def in_process(tiny_model_dir, episodes):
     """The same episodes on the in-process engine: what the workers must reproduce, token for token."""
     policy = load_policy(str(tiny_model_dir), device="cpu")
-    with make_engine(load_env("arithmetic"), policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+    with make_engine(ARITHMETIC, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                      parser=get_parser("auto", policy.tokenizer), sampling=SAMPLING, limits=LIMITS, seed=3) as engine:
         return {t.id: t for t in asyncio.run(engine.run(episodes))}
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model_dir, tmp_path_factory):
-    spec = WorkerSpec(env=load_env("arithmetic"), policy=str(tiny_model_dir), device="cpu", sampling=SAMPLING,
-                      limits=LIMITS, seed=3)
+def marker(tmp_path_factory):
+    """While this file exists the workers' episodes run normally; remove it and the next one kills its worker."""
+    marker = tmp_path_factory.mktemp("die") / "died"
+    marker.touch()
+    return marker
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_dir, tmp_path_factory, marker):
+    spec = WorkerSpec(env=ARITHMETIC, policy=str(tiny_model_dir), device="cpu", sampling=SAMPLING, limits=LIMITS,
+                      seed=3)
     run_dir = tmp_path_factory.mktemp("run")
-    runner = RayRolloutRunner(spec, workers=2, run_dir=run_dir)
-    yield runner
-    runner.close()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        arm(monkeypatch, marker)  # before the cluster starts: its workers inherit the environment
+        runner = RayRolloutRunner(spec, workers=2, run_dir=run_dir)
+        yield runner
+        runner.close()
     assert (run_dir / "ray").is_dir(), "the local cluster's files are reachable from the run directory"
 
 
@@ -66,32 +78,56 @@ def test_workers_give_the_in_process_trajectories_token_for_token(runner, episod
     assert all(c["batches"] > 0 for c in counters), "both workers generated"
 
 
-def kill_the_busiest_worker(runner):
-    """An ``on_result`` hook: at the first result (seven episodes still in flight) SIGKILL the worker with the most."""
-    pids, killed = runner.pids(), []
-
-    def hook(_trajectory) -> None:
-        if not killed:
-            busiest = max(range(len(pids)), key=runner._load.__getitem__)
-            assert runner._load[busiest] > 0
-            os.kill(pids[busiest], signal.SIGKILL)
-            killed.append((busiest, pids[busiest]))
-
-    return hook, killed
-
-
-def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(runner, episodes, in_process):
-    hook, killed = kill_the_busiest_worker(runner)
-    kept = asyncio.run(runner.run(episodes, concurrency=8, on_result=hook, retries=0))
+def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(runner, marker, episodes, in_process):
+    pids = runner.pids()
+    marker.unlink()  # an episode's reset now SIGKILLs its worker, with the others it holds in flight
+    kept = asyncio.run(runner.run(episodes, concurrency=8, retries=0))
+    assert marker.exists(), "a worker was killed"
     assert sorted(t.id for t in kept) == sorted(in_process), "each episode exactly once"
     lost = [t for t in kept if t.status == "error"]
-    assert lost and all(t.error.startswith(f"rollout worker {killed[0][0]} died") for t in lost)
-    assert runner.replaced == 1 and runner.pids()[killed[0][0]] != killed[0][1], "the dead worker was replaced"
+    dead = {int(t.error.split()[2]) for t in lost}
+    assert lost and len(dead) == 1 and all(t.error.startswith(f"rollout worker {min(dead)} died") for t in lost)
+    for trajectory in kept:
+        if trajectory.status != "error":
+            same_episode(trajectory, in_process[trajectory.id])
+    assert runner.replaced == 1 and runner.pids()[min(dead)] != pids[min(dead)], "the dead worker was replaced"
 
-    hook, killed = kill_the_busiest_worker(runner)
-    retried = asyncio.run(runner.run(episodes, concurrency=8, on_result=hook, retries=2, retry_backoff_s=0.1))
+    marker.unlink()
+    retried = asyncio.run(runner.run(episodes, concurrency=8, retries=2, retry_backoff_s=0.1))
+    assert marker.exists(), "a worker was killed"
     assert sorted(t.id for t in retried) == sorted(in_process)
     assert runner.replaced == 2 and any(t.metrics.get("attempts") for t in retried)
     for trajectory in retried:  # run again elsewhere, an episode samples what it would have the first time
         assert trajectory.status != "error"
         same_episode(trajectory, in_process[trajectory.id])
+
+
+def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, tmp_path):
+    """Prompt evolution on workers: each candidate's system prompt and tool descriptions are what the workers show
+    the model, and the episodes equal the in-process adapter's token for token."""
+    candidates = [{SYSTEM_PROMPT: "Compute with the tools, then submit.", "tool:add": "Sum of a and b."},
+                  {SYSTEM_PROMPT: "Submit the answer."}]
+    batch = [episode.task for episode in episodes[:4]]
+    policy = load_policy(str(tiny_model_dir), device="cpu")
+    engine = make_engine(ARITHMETIC, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                         parser=get_parser("auto", policy.tokenizer), sampling=SAMPLING, limits=LIMITS, seed=3)
+    runs = {}
+    try:
+        for name, rollouts in (("local", engine), ("workers", runner)):
+            adapter = TrajlabAdapter(rollouts, concurrency=8, retries=0)
+            with adapter.recording(tmp_path / f"{name}.jsonl"):
+                scores = [adapter.evaluate(batch, candidate).scores for candidate in candidates]
+            runs[name] = (scores, {t.id: t for t in read_trajectories(tmp_path / f"{name}.jsonl")})
+    finally:
+        engine.close()
+        runner.present(ARITHMETIC.system_prompt or "", {})  # the module's other tests see the env as it is
+    assert runs["workers"][0] == runs["local"][0]
+    local, remote = runs["local"][1], runs["workers"][1]
+    assert sorted(remote) == sorted(local) and len(local) == len(batch) * len(candidates)
+    for trajectory in remote.values():
+        same_episode(trajectory, local[trajectory.id])
+    shown = {t.messages[0]["content"] for t in remote.values()}
+    assert shown == {candidate[SYSTEM_PROMPT] for candidate in candidates}
+    described = {tool["function"]["description"] for t in remote.values() for tool in t.tools
+                 if tool["function"]["name"] == "add"}
+    assert "Sum of a and b." in described and len(described) == 2, "each candidate's own tool descriptions"

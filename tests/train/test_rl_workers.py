@@ -14,15 +14,20 @@ from trajlab.config import RLSettings, RolloutSettings
 from trajlab.models import load_model, load_tokenizer
 from trajlab.train.rl import run_rl
 
-from ..rollout.length_env import SPEC as LENGTH
+from ..rollout.dying_env import LENGTH, arm
+from ..rollout.length_env import SLOW
 
 pytest.importorskip("ray")
 
 
-def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path):
+def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, monkeypatch):
     """Two RL steps: the workers sample what the in-process engine samples (seeded per episode and turn), take the
-    trainer's weights after the first step, and the update ends at the same weights."""
+    trainer's weights after the first step, and the update ends at the same weights; a worker killed in the middle
+    of the second step costs nothing: its episodes are run again on its replacement (which gets the trained weights),
+    none is lost, none is trained twice, none reaches the update as a zero reward."""
     tiny_model_dir = terse_model_dir
+    marker = tmp_path / "died"
+    arm(monkeypatch, marker, task_id="train-2")  # the second step's first task (two tasks a step, in order)
     tokenizer = load_tokenizer(tiny_model_dir)
     settings = RLSettings(steps=2, tasks_per_step=2, group_size=4, learning_rate=1e-3, temperature=1.0,
                           rewards={"env": 1.0}, importance_sampling="on")
@@ -30,13 +35,18 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path):
     # the resulting difference of ~1e-7 in gradients this small (no signal means no scale) into visible weight noise
     finals, steps = [], []
     for name, workers in (("in_process", 0), ("workers", 2)):
-        rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers)
+        rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers,
+                                  retry_backoff_s=0.1)
         out = tmp_path / name
         finals.append(load_model(run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer),
                                         LENGTH, settings, rollout, out, device="cpu")))
         steps.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+    assert marker.exists(), "a worker was killed"
+    assert [step["workers_replaced"] for step in steps[1]] == [0, 1]
+    assert steps[1][1]["retries"] >= 1 and steps[1][1]["errors"] == 0, "its episodes ran again"
     for local, remote in zip(*steps, strict=True):
         assert remote["reward"] == local["reward"] and remote["mean_turns"] == local["mean_turns"]
+        assert remote["episodes"] == local["episodes"] == 8, "none lost, none twice"
         assert remote["mismatch/abs_logprob"] < 1e-4, "the workers sampled from the trainer's weights"
     trained = [[step["trained_sequences"] for step in run] for run in steps]
     assert trained[0] == trained[1] and sum(trained[0]) > 0, "the same rollouts trained, and a real update"
@@ -47,3 +57,24 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path):
     apart = max((a - b).abs().max().item() for a, b in zip(finals[0].state_dict().values(),
                                                            finals[1].state_dict().values(), strict=True))
     assert moved > 0.5 * settings.learning_rate and apart < 0.1 * settings.learning_rate, (moved, apart)
+
+
+def test_asynchronous_rl_on_workers_samples_what_it_does_in_process(terse_model_dir, tmp_path):
+    """rl.max_staleness 1 with two workers: the next step's rollouts run on the workers during the update, each
+    step after the first trains on rollouts one version old, and the workers take every trained version (the same
+    rewards as the in-process behaviour copy gives, step by step)."""
+    tokenizer = load_tokenizer(terse_model_dir)
+    settings = RLSettings(steps=3, tasks_per_step=2, group_size=4, learning_rate=1e-3, temperature=1.0,
+                          rewards={"env": 1.0}, max_staleness=1)
+    runs = []
+    for name, workers in (("in_process", 0), ("workers", 2)):
+        rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers)
+        run_rl(terse_model_dir, tokenizer, resolve_chat_template(tokenizer), SLOW, settings, rollout, tmp_path / name,
+               device="cpu")
+        runs.append([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    local, remote = runs
+    assert [s.get("staleness/1") for s in remote] == [None, 8, 8] and all(s["dropped_stale"] == 0 for s in remote)
+    assert remote[0]["overlap_s"] > 0, "the rollouts of step 2 ran on the workers while step 1 trained"
+    assert remote[1]["mismatch/abs_logprob"] > 10 * max(remote[0]["mismatch/abs_logprob"], 1e-6), "one update behind"
+    assert [s["reward"] for s in remote] == [s["reward"] for s in local], "the workers sampled each version's weights"
+    assert [s["trained_sequences"] for s in remote] == [s["trained_sequences"] for s in local]

@@ -25,6 +25,7 @@ from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.rewards import REWARDS, check_weights, score
 from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.workers import RayRolloutRunner
 
 MAX_FIELD_CHARS = 300
 """Longer tool results and messages are cut in transcripts: the reflection LM needs the shape, not every byte."""
@@ -47,7 +48,8 @@ class TrajlabAdapter:
 
     Args:
         engine: rolls out the policy on the env (with its parser, chat template, sampling and limits); a candidate
-            sets its system prompt, and its tool descriptions give an engine of their own.
+            sets its system prompt, and its tool descriptions give an engine of their own (rollout workers, a
+            :class:`RayRolloutRunner`, switch to each candidate's texts instead).
         weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
         concurrency: episodes run at once.
         retries: times an episode that failed because of the machinery (status error) is run again; one that
@@ -60,7 +62,7 @@ class TrajlabAdapter:
     GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
     """
 
-    def __init__(self, engine: RolloutEngine, *, weights: Mapping[str, float] | None = None,
+    def __init__(self, engine: RolloutEngine | RayRolloutRunner, *, weights: Mapping[str, float] | None = None,
                  concurrency: int = 8, retries: int = 2) -> None:
         if weights is not None:
             check_weights(weights)
@@ -70,7 +72,7 @@ class TrajlabAdapter:
         self.retries = retries
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
-        self._engines: dict[str, RolloutEngine] = {json.dumps({}): engine}  # by tool descriptions
+        self._engines: dict[str, RolloutEngine] = {json.dumps({}): engine}  # by tool descriptions (in-process)
         self._results: dict[str, _Scored] = {}
         self._store: TrajectoryStore | None = None
 
@@ -101,9 +103,13 @@ class TrajlabAdapter:
         return EvaluationBatch(outputs=[s.output for s in scored], scores=[s.score for s in scored],
                                trajectories=[s.trace for s in scored] if capture_traces else None)
 
-    def _engine(self, candidate: dict[str, str]) -> RolloutEngine:
-        """The engine showing the candidate's tool descriptions (one per set), with its system prompt."""
+    def _engine(self, candidate: dict[str, str]) -> RolloutEngine | RayRolloutRunner:
+        """The engine showing the candidate's tool descriptions (one per set), with its system prompt; rollout
+        workers are told to show them."""
         descriptions = tool_descriptions(candidate)
+        if isinstance(self.engine, RayRolloutRunner):
+            self.engine.present(candidate[SYSTEM_PROMPT], descriptions)
+            return self.engine
         key = json.dumps(descriptions, sort_keys=True)
         if key not in self._engines:
             self._engines[key] = self.engine.with_env(self.engine.env.with_tool_descriptions(descriptions))

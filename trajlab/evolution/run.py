@@ -10,10 +10,8 @@ with its validation scores and parents) and ``summary.json``.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +28,6 @@ from trajlab.evolution.candidate import SYSTEM_PROMPT, reflection_templates, see
 from trajlab.evolution.reflection import ReflectionLM, load_reflection_lm
 from trajlab.recipes.collect import CollectConfig, build_engine
 from trajlab.rollout.types import task_id
-
-logger = logging.getLogger(__name__)
 
 STATE_FILE = "gepa_state.bin"
 RUN_FILE = "trajlab_run.json"
@@ -79,10 +75,6 @@ def evolve(
     spec = policy.env
     if not isinstance(spec, EnvSpec):
         raise ValueError("trajlab evolve runs one env; pass a single env.")
-    if policy.workers:  # each candidate needs an engine with its own prompt and tool descriptions
-        logger.warning("evolve rolls out in this process: rollout.workers (%d) is not used for prompt evolution yet",
-                       policy.workers)
-        policy = dataclasses.replace(policy, workers=0)
     rows = list(itertools.islice(spec.iter_tasks("train", seed), settings.train_tasks + settings.val_tasks))
     if len(rows) < settings.train_tasks + settings.val_tasks:
         raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; train_tasks + val_tasks asks for "

@@ -74,8 +74,18 @@ class RolloutWorker:
                                   parser=get_parser(spec.parser, policy.tokenizer), sampling=spec.sampling,
                                   limits=spec.limits, system_prompt=spec.system_prompt, seed=spec.seed)
 
+        self._base = self.engine
+
     async def run_episode(self, episode: Episode) -> Trajectory:
         return await self.engine.run_episode(episode)
+
+    def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
+        """Show the model this system prompt and these tool descriptions from the next episode on (a prompt
+        evolution candidate); the tools themselves do not change."""
+        env = self._base.env
+        self.engine = self._base.with_env(env.with_tool_descriptions(tool_descriptions)) if tool_descriptions \
+            else self._base
+        self.engine.system_prompt = system_prompt
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Take the trainer's weights (base-checkpoint names, LoRA merged): the next turns sample from them."""
@@ -96,7 +106,7 @@ class RolloutWorker:
         return os.getpid()
 
     def close(self) -> None:
-        self.engine.close()
+        self._base.close()  # engines made by with_env share its threads
 
 
 class RayRolloutRunner(EpisodeRunner):
@@ -128,6 +138,7 @@ class RayRolloutRunner(EpisodeRunner):
                             "fewer workers or a bigger cluster.")
         self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, max_concurrency=concurrency + 4)
         self._weights: Any = None  # the latest weights' object ref, for workers started later
+        self._presented: tuple[str, dict[str, str]] | None = None  # the latest present(), likewise
         self.workers = [self._actor.remote(spec) for _ in range(workers)]
         self._load = [0] * workers  # episodes in flight per worker
         self.replaced = 0
@@ -159,6 +170,12 @@ class RayRolloutRunner(EpisodeRunner):
         self._weights = self._ray.put(weights)
         self._ray.get([worker.load_weights.remote(self._weights) for worker in self.workers])
 
+    def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
+        """Every worker shows the model this system prompt and these tool descriptions from now on (prompt
+        evolution evaluates one candidate at a time)."""
+        self._presented = (system_prompt, dict(tool_descriptions))
+        self._ray.get([worker.present.remote(*self._presented) for worker in self.workers])
+
     def sleep(self) -> None:
         """Nothing: the workers' memory is their own processes', not the trainer's."""
 
@@ -188,6 +205,8 @@ class RayRolloutRunner(EpisodeRunner):
         fresh = self._actor.remote(self.spec)
         if self._weights is not None:
             fresh.load_weights.remote(self._weights)  # actor calls run in order: before any episode it gets
+        if self._presented is not None:
+            fresh.present.remote(*self._presented)
         self.workers[index] = fresh
         self.replaced += 1
 

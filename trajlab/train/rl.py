@@ -222,6 +222,8 @@ def run_rl(
             record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
                        "drift_check_s": drift_check_s, "lr": learning_rate, "processes": accelerator.num_processes,
                        "rollout_wait_s": waited, "overlap_s": overlap_s}
+            if workers is not None:
+                record["workers_replaced"] = workers.replaced
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
@@ -681,8 +683,9 @@ def _step_metrics(
     update_s: float,
 ) -> dict[str, float]:
     """The step's rollout statistics. Episodes that ended in ``error`` (the machinery's failure) are counted
-    (``errors``, and ``retries``: attempts beyond the first over all episodes) but left out of the policy's
-    statistics: they say nothing about it."""
+    (in ``episodes`` and ``errors``; ``retries``: attempts beyond the first over all episodes) but left out of the
+    policy's statistics: they say nothing about it."""
+    episodes = len(trajectories)
     retries = sum(t.metrics.get("attempts", 1.0) - 1 for t in trajectories)
     errors = sum(t.status == "error" for t in trajectories)
     rewards = [r for r, t in zip(rewards, trajectories, strict=True) if t.status != "error"]
@@ -698,6 +701,7 @@ def _step_metrics(
         "tool_error_rate": sum(t.metrics.get("tool_errors", 0.0) for t in trajectories) / calls if calls else 0.0,
         "parse_error_rate": sum(t.metrics.get("parse_errors", 0.0) for t in trajectories) / turns if turns else 0.0,
         "mean_turns": turns / n,
+        "episodes": float(episodes),
         "errors": float(errors),
         "retries": retries,
         "tokens_per_s": generated / rollout_s if rollout_s else 0.0,
