@@ -315,6 +315,7 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         tasks=[dict(task) for task in tasks] if tasks is not None and not isinstance(tasks, str | Path) else None,
         tokenizer=tokenizer, parser=rollout.parser, concurrency=rollout.concurrency, retries=rollout.retries,
         retry_backoff_s=rollout.retry_backoff_s, workers=rollout.workers, ray_address=rollout.ray_address,
+        worker_gpus=rollout.worker_gpus,
         system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
         device=model.device, dtype=model.dtype, backend=model.backend,

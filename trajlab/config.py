@@ -87,6 +87,9 @@ class RolloutSettings(LimitSettings):
     workers: int = Field(0, ge=0)
     """Ray actors that run the episodes, each with its own generator and envs (0: in this process). Needs the
     policy as a model directory, a server URL or oracle, and `pip install 'trajlab[ray]'`."""
+    worker_gpus: float = Field(0.0, ge=0)
+    """GPUs Ray gives each worker (e.g. 1 for a vllm or hf policy on its own GPU; 0.5 shares one between two). A
+    cluster without that many free GPUs is an error, not a wait."""
     ray_address: str = "local"
     """With workers: local (start a Ray cluster in this process, its files under the run directory), auto (join the
     cluster `ray start` runs on this machine), or a cluster address."""

@@ -10,6 +10,7 @@ import pytest
 from trajlab.chat.parsers import get_parser
 from trajlab.data.store import read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT
+from trajlab.errors import UserError
 from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
@@ -131,3 +132,8 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
     described = {tool["function"]["description"] for t in remote.values() for tool in t.tools
                  if tool["function"]["name"] == "add"}
     assert "Sum of a and b." in described and len(described) == 2, "each candidate's own tool descriptions"
+
+
+def test_workers_asking_for_gpus_the_cluster_lacks_are_refused_at_once(runner):
+    with pytest.raises(UserError, match=r"2 workers of 1 GPU need 2 free GPUs, and the Ray cluster has 0"):
+        RayRolloutRunner(runner.spec, workers=2, worker_cpus=0, worker_gpus=1)

@@ -49,6 +49,7 @@ class CollectConfig:
     retry_backoff_s: float = 1.0
     workers: int = 0  # RolloutSettings.workers and ray_address: Ray actors run the episodes
     ray_address: str = "local"
+    worker_gpus: float = 0.0
     sampling: SamplingParams = SamplingParams()
     limits: dict[str, int | float] = field(default_factory=dict)  # the user's; the rest are each env's own
     system_prompt: str | None = None
@@ -132,6 +133,7 @@ def _workers(config: CollectConfig) -> RayRolloutRunner:
                       limits=config.limits, system_prompt=config.system_prompt, seed=config.seed,
                       max_batch_size=config.concurrency)
     return RayRolloutRunner(spec, config.workers, address=config.ray_address, run_dir=config.out.parent,
+                            worker_gpus=config.worker_gpus,
                             concurrency=config.concurrency)
 
 

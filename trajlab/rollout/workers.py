@@ -119,11 +119,12 @@ class RayRolloutRunner(EpisodeRunner):
             the one this machine runs (``ray start``), anything else is a cluster address.
         run_dir: where a local cluster keeps its files (``run_dir/ray``).
         worker_cpus: CPUs Ray reserves for each actor (a local cluster is started with enough for all of them).
+        worker_gpus: GPUs Ray reserves for each actor (Ray sets its ``CUDA_VISIBLE_DEVICES``).
         concurrency: episodes each actor runs at once.
     """
 
     def __init__(self, spec: WorkerSpec, workers: int, *, address: str = "local", run_dir: str | Path | None = None,
-                 worker_cpus: float = 1.0, concurrency: int = 32) -> None:
+                 worker_cpus: float = 1.0, worker_gpus: float = 0.0, concurrency: int = 32) -> None:
         if workers < 1:
             raise UserError(f"rollout.workers must be at least 1 to use Ray (got {workers}); 0 runs in-process.")
         self._ray = require("ray", feature="rollout.workers", install=INSTALL)
@@ -131,12 +132,16 @@ class RayRolloutRunner(EpisodeRunner):
         self._started_ray = False
         if not self._ray.is_initialized():
             self._start_ray(address, run_dir, workers * worker_cpus)
-        free = self._ray.available_resources().get("CPU", 0.0)
-        if free < workers * worker_cpus:  # Ray would wait forever to place them
-            raise UserError(f"rollout.workers: {workers} workers of {worker_cpus:g} CPU need {workers * worker_cpus:g} "
-                            f"free CPUs, and the Ray cluster has {free:g} (others are held by running actors): use "
-                            "fewer workers or a bigger cluster.")
-        self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, max_concurrency=concurrency + 4)
+        free = self._ray.available_resources()
+        for resource, each in (("CPU", worker_cpus), ("GPU", worker_gpus)):
+            if each and free.get(resource, 0.0) < workers * each:  # Ray would wait forever to place them
+                raise UserError(f"rollout.workers: {workers} workers of {each:g} {resource} need {workers * each:g} "
+                                f"free {resource}s, and the Ray cluster has {free.get(resource, 0.0):g} (others may be "
+                                "held by running actors): use fewer workers"
+                                f"{', or rollout.worker_gpus below 1 to share a GPU' if resource == 'GPU' else ''}, "
+                                "or a bigger cluster.")
+        self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, num_gpus=worker_gpus,
+                                                              max_concurrency=concurrency + 4)
         self._weights: Any = None  # the latest weights' object ref, for workers started later
         self._presented: tuple[str, dict[str, str]] | None = None  # the latest present(), likewise
         self.workers = [self._actor.remote(spec) for _ in range(workers)]

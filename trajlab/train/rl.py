@@ -293,6 +293,7 @@ def _rollout_workers(model_dir: str | Path | PreTrainedModel, env: EnvSpec | Env
                       limits=rollout.limit_overrides(), system_prompt=system_prompt, seed=seed,
                       max_batch_size=rollout.concurrency)
     return RayRolloutRunner(spec, rollout.workers, address=rollout.ray_address, run_dir=out_dir,
+                            worker_gpus=rollout.worker_gpus,
                             concurrency=rollout.concurrency)
 
 
