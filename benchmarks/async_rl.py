@@ -96,10 +96,11 @@ def main() -> None:
         def mean(key: str, steps: list[dict[str, Any]] = steps) -> float:
             return statistics.mean(s[key] for s in steps)
 
-        overlapped = sum(s["overlap_s"] for s in steps) / max(1e-9, sum(s["update_s"] for s in steps))
-        print(f"| {name} | {wall:.1f} | {3600 * len(steps) / wall:.0f} | {mean('rollout_s'):.2f} | "
-              f"{mean('update_s'):.2f} | {mean('rollout_wait_s'):.2f} | {overlapped:.0%} | "
-              f"{mean('staleness_mean'):.2f} | {sum(s['dropped_stale'] for s in steps):.0f} | {success:.3f} |")
+        overlapped = sum(s["perf/overlap_s"] for s in steps) / max(1e-9, sum(s["perf/update_s"] for s in steps))
+        print(f"| {name} | {wall:.1f} | {3600 * len(steps) / wall:.0f} | {mean('perf/rollout_s'):.2f} | "
+              f"{mean('perf/update_s'):.2f} | {mean('perf/rollout_wait_s'):.2f} | {overlapped:.0%} | "
+              f"{mean('rollout/staleness_mean'):.2f} | {sum(s['rollout/dropped_stale'] for s in steps):.0f} | "
+              f"{success:.3f} |")
     print(f"speed-up: {rows[0][1] / rows[1][1]:.2f}x steps per hour")
 
 

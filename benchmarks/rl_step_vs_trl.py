@@ -158,10 +158,10 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
                               max_episode_tokens=4096, concurrency=shape.rollouts)
 
     def on_step(record: dict[str, float]) -> None:  # after the update, before any checkpoint is written
-        meter.rollout_s += record["rollout_s"]
-        meter.step_end(reward=record["reward"], update_s=record["update_s"],
-                       flat_groups=record["zero_variance_groups"],
-                       framework_tokens=record["tokens_per_s"] * record["rollout_s"])
+        meter.rollout_s += record["perf/rollout_s"]
+        meter.step_end(reward=record["reward/mean"], update_s=record["perf/update_s"],
+                       flat_groups=record["rollout/zero_variance_groups"],
+                       framework_tokens=record["perf/tokens_per_s"] * record["perf/rollout_s"])
 
     started = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)

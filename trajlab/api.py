@@ -112,6 +112,7 @@ def evaluate(
     on_progress: Progress | None = None,
     device: str = "auto",
     dtype: str = "auto",
+    report_to: Sequence[str] = (),
     **settings: Any,
 ) -> EvalReport:
     """Evaluate ``policy`` on held-out tasks: success rate, pass@k, mean reward and turns, error rates, per task.
@@ -122,16 +123,23 @@ def evaluate(
         tasks: task dicts to evaluate on instead of the env's split (all of them unless ``num_tasks`` is given).
         rewards: reward-component weights to report (``reward/<name>``); None: the env reward only.
         label: the run's name in tables (default: the policy's).
+        report_to: experiment trackers that also get the results, as ``eval/...`` (:mod:`trajlab.tracking`; the
+            tracker run is named after ``out``).
         **settings: ``EvalSettings`` fields: ``num_tasks``, ``samples_per_task``, ``ks``, ``temperature``,
             ``split``, ``seed``.
         Other arguments: as for :func:`collect`.
     """
     from trajlab.env.registry import read_tasks_file
     from trajlab.evaluation import evaluate_trajectories, save_report
+    from trajlab.evaluation.metrics import eval_metrics
     from trajlab.recipes.collect import collect as run_collection
     from trajlab.recipes.collect import collected
     from trajlab.rollout.rewards import score
+    from trajlab.tracking import Trackers, require_trackers
 
+    require_trackers(report_to)
+    if report_to and out is None:
+        raise UserError("report_to needs out=: the tracker run is named after the evaluation's directory.")
     if tasks is not None and "num_tasks" not in settings:
         count = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
         settings = {**settings, "num_tasks": max(count, 1)}
@@ -151,6 +159,9 @@ def evaluate(
                                        tokens_per_s=summary["tokens_per_s"] or None)
         if out is not None:
             save_report(report, run_dir / "eval.json")
+            with Trackers(report_to, run_dir.parent, run_dir.name, config={"eval": chosen.model_dump(mode="json"),
+                                                                           "label": report.label}) as trackers:
+                trackers.log(eval_metrics(report), step=0)
     return report
 
 
@@ -166,6 +177,7 @@ def sft(
     parser: str = "auto",
     device: str = "auto",
     dtype: str = "auto",
+    report_to: Sequence[str] = (),
     **settings: Any,
 ) -> Path:
     """Fine-tune ``model`` on trajectories (the model's own tokens only); returns ``out/final``.
@@ -179,13 +191,16 @@ def sft(
         dataset: ``DatasetSettings`` applied when ``data`` is trajectories.
         parser: the tool-call parser the trajectories were rolled out with (``rollout.parser``), for the guard.
         device, dtype: where training runs and the dtype a model directory is loaded in (``ModelSettings``).
+        report_to: experiment trackers that also get the training logs (``out/metrics.jsonl``).
         **settings: ``SFTSettings`` fields (``epochs``, ``max_steps``, ``learning_rate``, ``lora``...).
     """
     import datasets
 
     from trajlab.data.datasets import sft_dataset
+    from trajlab.tracking import require_trackers
     from trajlab.train.sft import run_sft
 
+    require_trackers(report_to)
     chosen = _settings(SFTSettings, settings)
     loaded = _load_tokenizer(model, tokenizer)
     if not isinstance(data, datasets.Dataset):
@@ -195,7 +210,7 @@ def sft(
                            max_tokens=shaping.max_tokens)
     placed = _model(device, dtype)
     return run_sft(model, loaded, data, out, chosen, seed=seed, resume=resume, device=placed.device,
-                   dtype=placed.dtype)
+                   dtype=placed.dtype, report_to=report_to)
 
 
 def without_drift(
@@ -232,6 +247,7 @@ def rl(
     on_step: Callable[[dict[str, float]], None] | None = None,
     device: str = "auto",
     dtype: str = "auto",
+    report_to: Sequence[str] = (),
     **settings: Any,
 ) -> Path:
     """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
@@ -241,13 +257,16 @@ def rl(
         backend: ``"hf"`` rolls out with the model being trained; ``"vllm"`` with an in-process vLLM engine started
             from the model directory, which gets the trainer's weights after every optimizer step.
         on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
+        report_to: experiment trackers that also get each step's metrics (:mod:`trajlab.tracking`).
         device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
             loaded in (``ModelSettings``).
         **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
     """
     from trajlab.chat.template import resolve_chat_template
+    from trajlab.tracking import require_trackers
     from trajlab.train.rl import run_rl
 
+    require_trackers(report_to)  # before any model is loaded
     chosen = _settings(RLSettings, settings)
     loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
     chosen_rollout = _settings(RolloutSettings, rollout or {})
@@ -262,7 +281,7 @@ def rl(
                                 engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
     return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
                   resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype,
-                  backend=placed.backend)
+                  backend=placed.backend, report_to=report_to)
 
 
 def evolve(
@@ -277,6 +296,7 @@ def evolve(
     log: Callable[[str], None] | None = None,
     device: str = "auto",
     dtype: str = "auto",
+    report_to: Sequence[str] = (),
     **settings: Any,
 ) -> dict[str, Any]:
     """Evolve the system prompt (and chosen tool descriptions) of ``policy`` on ``env`` with GEPA.
@@ -287,18 +307,27 @@ def evolve(
     Args:
         device, dtype: where a model-directory policy and a local reflection model are loaded, in what dtype
             (``ModelSettings``).
+        report_to: experiment trackers that get each candidate's validation score and the best so far, at the
+            metric calls where it was found (``evolve/...``).
         **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
     """
     require("gepa", feature="trajlab evolve", install="pip install 'trajlab[evolve]'")
     from trajlab.evolution.run import evolve as run_evolution
-    from trajlab.evolution.run import rollouts_path
+    from trajlab.evolution.run import evolve_curve, rollouts_path
+    from trajlab.tracking import Trackers, require_trackers
 
+    require_trackers(report_to)
     chosen = _settings(EvolveSettings, settings)
     config = _collect_config(env, policy, rollouts_path(out), tokenizer=tokenizer, tasks=None, seed=seed,
                              rollout=_settings(RolloutSettings, rollout or {}), episodes=1, split="train",
                              samples_per_task=1, temperature=chosen.temperature,
                              model=_model(device, dtype, backend))
-    return run_evolution(config, chosen, out, seed=seed, log=log)
+    summary = run_evolution(config, chosen, out, seed=seed, log=log)
+    with Trackers(report_to, Path(out).parent, Path(out).name,
+                  config={"evolve": chosen.model_dump(mode="json"), "seed": seed}) as trackers:
+        for calls, values in evolve_curve(Path(out) / "result"):
+            trackers.log(values, step=calls)
+    return summary
 
 
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,

@@ -23,6 +23,7 @@ from trajlab.env.prompts import check_prompt_sources, prompted
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
 from trajlab.rollout.rewards import check_weights
+from trajlab.tracking import TrackerName
 
 Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
 
@@ -294,6 +295,9 @@ class PipelineConfig(Section):
     but sft needs one."""
     seed: int = 0
     """Training seed (and task order of the collect and RL stages)."""
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Experiment trackers that also get every stage's metrics (sft, rl, eval, evolve): any of tensorboard, wandb,
+    trackio, mlflow, each in its offline or local mode unless its own settings say otherwise (README, "Metrics")."""
     stages: list[Stage] = Field(default_factory=lambda: ["collect", "sft", "eval", "rl", "eval"])
     """Stages run in order: collect, sft, eval, rl, evolve (eval may repeat)."""
     model: ModelSettings = Field(default_factory=ModelSettings)

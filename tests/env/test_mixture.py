@@ -101,11 +101,11 @@ def test_rl_on_a_mixture_logs_each_envs_share_of_every_step(tiny_model_dir, tmp_
     run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_envs("arithmetic,guess"), settings,
            rollout, tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["per_env/arithmetic/episodes"] == 2 and record["per_env/guess/episodes"] == 2
+    assert record["rollout/per_env/arithmetic/episodes"] == 2 and record["rollout/per_env/guess/episodes"] == 2
     # the per-env shares add up to the step's numbers
-    for key in ("reward", "success_rate"):
-        shares = [record[f"per_env/{env}/{key}"] for env in ("arithmetic", "guess")]
-        assert sum(shares) / 2 == pytest.approx(record[key])
+    for key, step_key in (("reward", "reward/mean"), ("success_rate", "rollout/success_rate")):
+        shares = [record[f"rollout/per_env/{env}/{key}"] for env in ("arithmetic", "guess")]
+        assert sum(shares) / 2 == pytest.approx(record[step_key])
 
 
 def test_a_run_config_mixes_envs_with_a_list(tmp_path):

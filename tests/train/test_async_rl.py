@@ -39,10 +39,10 @@ def test_no_staleness_is_the_synchronous_loop(terse_model_dir, tmp_path):
     resumed = rl(terse_model_dir, tmp_path / "resumed", steps=2, resume=True)
     assert [s["step"] for s in resumed] == [1, 2]
     for a, b in zip(through, resumed, strict=True):
-        assert a["mismatch/abs_logprob"] < 1e-5 and a["staleness/0"] == 8 and a["dropped_stale"] == 0
-        assert a["reward"] == b["reward"] and a["trained_sequences"] == b["trained_sequences"]
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-    assert through[1]["trained_sequences"] > 0, "a real update before the compared step"
+        assert a["mismatch/abs_logprob"] < 1e-5 and a["rollout/staleness/0"] == 8 and a["rollout/dropped_stale"] == 0
+        assert a["reward/mean"] == b["reward/mean"] and a["optim/trained_sequences"] == b["optim/trained_sequences"]
+        assert a["optim/grad_norm"] == pytest.approx(b["optim/grad_norm"], rel=1e-4)
+    assert through[1]["optim/trained_sequences"] > 0, "a real update before the compared step"
     first, second = (load_model(tmp_path / name / "final").state_dict() for name in ("through", "resumed"))
     # a checkpoint's reload changes the next gradient by rounding only (grad_norm agrees to 1e-5 relative), which
     # Adam turns into moves far below its learning rate
@@ -54,9 +54,10 @@ def test_one_step_of_staleness_overlaps_and_corrects(terse_model_dir, tmp_path):
     episode), each step after the first trains on rollouts one version old, and importance sampling (on under auto)
     sees a sampler that is no longer the trainer."""
     steps = rl(terse_model_dir, tmp_path / "async", env=SLOW, steps=3, max_staleness=1)
-    assert steps[0]["staleness/0"] == 8 and "staleness/1" not in steps[0]
-    assert [s.get("staleness/1") for s in steps[1:]] == [8, 8] and all(s["dropped_stale"] == 0 for s in steps)
-    assert steps[0]["overlap_s"] > 0, "the rollouts of step 2 ran while step 1 trained"
+    assert steps[0]["rollout/staleness/0"] == 8 and "rollout/staleness/1" not in steps[0]
+    assert [s.get("rollout/staleness/1") for s in steps[1:]] == [8, 8]
+    assert all(s["rollout/dropped_stale"] == 0 for s in steps)
+    assert steps[0]["perf/overlap_s"] > 0, "the rollouts of step 2 ran while step 1 trained"
     assert steps[0]["mismatch/abs_logprob"] < 1e-4, "step 1 was sampled by the weights it trains"
     assert steps[1]["mismatch/abs_logprob"] > 10 * max(steps[0]["mismatch/abs_logprob"], 1e-6), "one update behind"
-    assert steps[2]["trained_sequences"] > 0
+    assert steps[2]["optim/trained_sequences"] > 0

@@ -51,17 +51,19 @@ def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
     run([*LAUNCH, *common, "--out", str(tmp_path / "two")], ROOT)
     steps = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
              for name in ("one", "two")}
-    assert [s["processes"] for s in steps["one"] + steps["two"]] == [1, 1, 2, 2]
+    assert [s["perf/processes"] for s in steps["one"] + steps["two"]] == [1, 1, 2, 2]
     assert len(steps["two"]) == 2, "one process writes the metrics, once per step"
     for single, double in zip(steps["one"], steps["two"], strict=True):
-        assert double["reward"] == single["reward"] and double["mean_turns"] == single["mean_turns"]
-        assert double["trained_sequences"] == single["trained_sequences"]
-        assert double["lr"] == pytest.approx(single["lr"])
-        assert double["loss"] == pytest.approx(single["loss"], rel=1e-4, abs=1e-6)
+        assert double["reward/mean"] == single["reward/mean"]
+        assert double["rollout/mean_turns"] == single["rollout/mean_turns"]
+        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
+        assert double["optim/lr"] == pytest.approx(single["optim/lr"])
+        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
         # Adam's step hardly depends on the gradient's scale; its norm does: both processes' shares, summed once
-        assert double["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4) and single["grad_norm"] > 0
-    assert [s["lr"] for s in steps["one"]] == pytest.approx([lr / 3, 2 * lr / 3])
-    assert sum(s["trained_sequences"] for s in steps["one"]) > 0, "a real update"
+        assert double["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-4)
+        assert single["optim/grad_norm"] > 0
+    assert [s["optim/lr"] for s in steps["one"]] == pytest.approx([lr / 3, 2 * lr / 3])
+    assert sum(s["optim/trained_sequences"] for s in steps["one"]) > 0, "a real update"
     moved = largest_difference(terse_model_dir, tmp_path / "one" / "final")
     apart = largest_difference(tmp_path / "one" / "final", tmp_path / "two" / "final")
     # Adam moves each weight by about its learning rate whatever the gradient's scale; summing the gradient over

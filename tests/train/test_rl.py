@@ -232,8 +232,9 @@ def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
     final = run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path, resume=True)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2], "the resumed run continues at step 2"
-    for key in ("reward", "reward/env", "reward/progress", "reward/format", "success_rate", "tool_error_rate",
-                "parse_error_rate", "zero_variance_groups", "kl", "entropy", "tokens_per_s"):
+    for key in ("reward/mean", "reward/env", "reward/progress", "reward/format", "rollout/success_rate",
+                "rollout/tool_error_rate", "rollout/parse_error_rate", "rollout/zero_variance_groups", "loss/kl",
+                "loss/entropy", "perf/tokens_per_s"):
         assert key in records[-1]
     assert json.loads((tmp_path / "checkpoint" / "trajlab_state.json").read_text()) == {"step": 2}
     assert sum(p.numel() for p in load_model(final).parameters()) > 1_000_000
@@ -245,7 +246,7 @@ def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
     final = run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_env("guess"), settings,
                    rollout, tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["kl"] >= 0.0
+    assert record["loss/kl"] >= 0.0
     merged = load_model(final)
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
@@ -271,7 +272,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_and_runs_a_ste
     run_rl(model, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), load_env("arithmetic"), settings, rollout,
            tmp_path)
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and record["update_s"] > 0
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and record["perf/update_s"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +386,8 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
     settings, rollout = tiny_settings(steps=1, kl_coef=0.01)
     run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "clean")
     record = json.loads((tmp_path / "clean" / "metrics.jsonl").read_text())
-    assert record["drift/trajectories"] == 0 and record["trained_sequences"] == 4 and record["drift_check_s"] > 0
+    assert record["rollout/drifted"] == 0 and record["optim/trained_sequences"] == 4
+    assert record["perf/drift_check_s"] > 0
 
     monkeypatch.setattr(drift._PrefixRenders, "prompt_ids", shifted)  # the guard's view of the template only
     with pytest.raises(drift.TokenDriftError, match=r"4 of 4 trajectories .* the prompt"):
@@ -393,4 +395,4 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
     tolerant = settings.model_copy(update={"max_drift": 1.0})
     run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), tolerant, rollout, tmp_path / "drops")
     record = json.loads((tmp_path / "drops" / "metrics.jsonl").read_text())
-    assert record["drift/trajectories"] == 4 and record["trained_sequences"] == 0, "drifted rollouts are not trained"
+    assert record["rollout/drifted"] == 4 and record["optim/trained_sequences"] == 0, "drifted rollouts are not trained"

@@ -42,13 +42,14 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, mon
                                         LENGTH, settings, rollout, out, device="cpu")))
         steps.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
     assert marker.exists(), "a worker was killed"
-    assert [step["workers_replaced"] for step in steps[1]] == [0, 1]
-    assert steps[1][1]["retries"] >= 1 and steps[1][1]["errors"] == 0, "its episodes ran again"
+    assert [step["rollout/workers_replaced"] for step in steps[1]] == [0, 1]
+    assert steps[1][1]["rollout/retries"] >= 1 and steps[1][1]["rollout/errors"] == 0, "its episodes ran again"
     for local, remote in zip(*steps, strict=True):
-        assert remote["reward"] == local["reward"] and remote["mean_turns"] == local["mean_turns"]
-        assert remote["episodes"] == local["episodes"] == 8, "none lost, none twice"
+        assert remote["reward/mean"] == local["reward/mean"]
+        assert remote["rollout/mean_turns"] == local["rollout/mean_turns"]
+        assert remote["rollout/episodes"] == local["rollout/episodes"] == 8, "none lost, none twice"
         assert remote["mismatch/abs_logprob"] < 1e-4, "the workers sampled from the trainer's weights"
-    trained = [[step["trained_sequences"] for step in run] for run in steps]
+    trained = [[step["optim/trained_sequences"] for step in run] for run in steps]
     assert trained[0] == trained[1] and sum(trained[0]) > 0, "the same rollouts trained, and a real update"
     # Adam's first step moves each weight by about the learning rate whatever the gradient's scale; the two runs'
     # sampler logprobs differ by ~1e-7 (two processes), which moves weights whose gradient is near Adam's eps.
@@ -73,8 +74,9 @@ def test_asynchronous_rl_on_workers_samples_what_it_does_in_process(terse_model_
                device="cpu")
         runs.append([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     local, remote = runs
-    assert [s.get("staleness/1") for s in remote] == [None, 8, 8] and all(s["dropped_stale"] == 0 for s in remote)
-    assert remote[0]["overlap_s"] > 0, "the rollouts of step 2 ran on the workers while step 1 trained"
+    assert [s.get("rollout/staleness/1") for s in remote] == [None, 8, 8]
+    assert all(s["rollout/dropped_stale"] == 0 for s in remote)
+    assert remote[0]["perf/overlap_s"] > 0, "the rollouts of step 2 ran on the workers while step 1 trained"
     assert remote[1]["mismatch/abs_logprob"] > 10 * max(remote[0]["mismatch/abs_logprob"], 1e-6), "one update behind"
-    assert [s["reward"] for s in remote] == [s["reward"] for s in local], "the workers sampled each version's weights"
-    assert [s["trained_sequences"] for s in remote] == [s["trained_sequences"] for s in local]
+    assert [s["reward/mean"] for s in remote] == [s["reward/mean"] for s in local], "each version's weights sampled"
+    assert [s["optim/trained_sequences"] for s in remote] == [s["optim/trained_sequences"] for s in local]

@@ -56,6 +56,8 @@ def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_templa
     state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2, 3]
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "loss/sft" in r] == [1, 2, 3], "resumed at 2: step 3 logged once"
     assert load_model(final).config.model_type == "qwen3"
 
 

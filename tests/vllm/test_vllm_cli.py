@@ -64,7 +64,7 @@ def test_three_rl_steps_with_the_vllm_backend(tiny_model_dir, tmp_path):
             "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=8", "--set", "rollout.concurrency=4")
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all(r["trained_sequences"] > 0 for r in records), "noisy rewards: every step took a gradient step"
+    assert all(r["optim/trained_sequences"] > 0 for r in records), "noisy rewards: every step took a gradient step"
     assert all(r["mismatch/abs_logprob"] < 1e-3 for r in records), "the engine samples the synced weights"
     start, final = load_model(tiny_model_dir).state_dict(), load_model(tmp_path / "final").state_dict()
     assert any(not torch.equal(start[name], final[name]) for name in start)

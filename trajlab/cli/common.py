@@ -80,6 +80,7 @@ def setting(path: str, *flags: str, **option: Any) -> Any:
 
 ConfigFile = Annotated[Path | None, typer.Option(
     "--config", help="A run config (YAML): its sections give this command's settings; options override it.")]
+ReportTo = Annotated[list[str] | None, setting("report_to", "--report-to")]
 Sets = Annotated[list[str] | None, typer.Option(
     "--set", help="Override any config key, e.g. --set rollout.max_turns=4 (value read as YAML); repeatable.")]
 

@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
+from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
 
 EnvOption = Annotated[str | None, typer.Option(
     help="Registered env name or import path 'my_pkg.envs:MyEnv'; several comma-separated names mix envs (tasks "
@@ -149,6 +149,7 @@ def eval_run(
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
     device: Device = None,
     dtype: DType = None,
+    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -171,14 +172,14 @@ def eval_run(
     settings = load(config, sets, {
         "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
         "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, "model.device": device,
-        "model.dtype": dtype, "model.backend": backend,
+        "model.dtype": dtype, "model.backend": backend, "report_to": report_to,
         **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
                    prompt_file)})
     with progress_bar("eval") as on_progress:
         report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                               rollout=settings.rollout, label=label, on_progress=on_progress,
                               device=settings.model.device, dtype=settings.model.dtype,
-                              backend=settings.model.backend,
+                              backend=settings.model.backend, report_to=settings.report_to,
                               **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")

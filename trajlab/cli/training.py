@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import typer
 from rich.text import Text
 
-from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
+from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
 from trajlab.cli.rollouts import POLICY_HELP, Backend, Device, DType, Tokenizer
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
@@ -74,6 +74,7 @@ def sft(
     seed: TrainSeed = None,
     device: Device = None,
     dtype: DType = None,
+    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -87,12 +88,12 @@ def sft(
     settings = load(config, sets, {"sft.epochs": epochs, "sft.max_steps": max_steps, "sft.learning_rate": learning_rate,
                                    "sft.batch_size": batch_size, "sft.lora": {"r": lora_r} if lora_r else None,
                                    "sft.gradient_checkpointing": gradient_checkpointing, "seed": seed,
-                                   "model.device": device, "model.dtype": dtype})
+                                   "model.device": device, "model.dtype": dtype, "report_to": report_to})
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
     final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
                     parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
-                    **settings.sft.model_dump())
+                    report_to=settings.report_to, **settings.sft.model_dump())
     console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
 
 
@@ -116,6 +117,7 @@ def rl(
     device: Device = None,
     dtype: DType = None,
     backend: Backend = None,
+    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
 ) -> None:
@@ -126,7 +128,8 @@ def rl(
         "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
         "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
         "rl.lora": {"r": lora_r} if lora_r else None, "rl.gradient_checkpointing": gradient_checkpointing,
-        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend})
+        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend,
+        "report_to": report_to})
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:
@@ -134,7 +137,7 @@ def rl(
 
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                    on_step=show, device=settings.model.device, dtype=settings.model.dtype,
-                   backend=settings.model.backend, **settings.rl.model_dump())
+                   backend=settings.model.backend, report_to=settings.report_to, **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 
@@ -159,6 +162,7 @@ def evolve(
     device: Device = None,
     dtype: DType = None,
     backend: Backend = None,
+    report_to: ReportTo = None,
     sets: Sets = None,
 ) -> None:
     """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
@@ -170,14 +174,16 @@ def evolve(
         "evolve.train_tasks": train_tasks, "evolve.val_tasks": val_tasks, "evolve.minibatch_size": minibatch_size,
         "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
         "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
-        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend})
+        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend,
+        "report_to": report_to})
     spec = settings.env_spec()
     if not isinstance(settings.env, str) or "," in settings.env:
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
     summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
                          rollout=settings.rollout, seed=settings.seed, log=_gepa_line, device=settings.model.device,
-                         dtype=settings.model.dtype, backend=settings.model.backend, **settings.evolve.model_dump())
+                         dtype=settings.model.dtype, backend=settings.model.backend, report_to=settings.report_to,
+                         **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
                   f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
@@ -197,13 +203,15 @@ def run(
     seed: Annotated[int | None, setting("seed")] = None,
     device: Device = None,
     dtype: DType = None,
+    report_to: ReportTo = None,
     sets: Sets = None,
 ) -> None:
     """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
     from trajlab.evaluation import results_table
     from trajlab.recipes.pipeline import run_pipeline
 
-    settings = load(config, sets, {"run_dir": run_dir, "seed": seed, "model.device": device, "model.dtype": dtype})
+    settings = load(config, sets, {"run_dir": run_dir, "seed": seed, "model.device": device, "model.dtype": dtype,
+                                   "report_to": report_to})
     started = time.perf_counter()
     reports = run_pipeline(settings, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
     metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")

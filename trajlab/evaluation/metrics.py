@@ -222,3 +222,16 @@ def metric_names(reports: Sequence[EvalReport]) -> list[str]:
     names += [f"pass@{k}" for k in sorted({k for r in reports for k in r.pass_at})]
     names += [REWARD_PREFIX + c for c in sorted({c for r in reports for c in r.reward_components})]
     return names
+
+
+def eval_metrics(report: EvalReport) -> dict[str, float]:
+    """An evaluation's numbers under ``eval/`` (pass@k as ``eval/pass@K``, reward components as
+    ``eval/reward/NAME``)."""
+    numbers = {"episodes": report.episodes, "success_rate": report.success_rate, "mean_reward": report.mean_reward,
+               "mean_turns": report.mean_turns, "tool_error_rate": report.tool_error_rate,
+               "parse_error_rate": report.parse_error_rate}
+    numbers |= {f"pass@{k}": value for k, value in report.pass_at.items()}
+    numbers |= {f"reward/{name}": value for name, value in report.reward_components.items()}
+    if report.tokens_per_s is not None:
+        numbers["tokens_per_s"] = report.tokens_per_s
+    return {f"eval/{name}": float(value) for name, value in numbers.items()}

@@ -206,3 +206,16 @@ def write_result(result: Any, folder: Path, *, val_tasks: list[str], max_metric_
     (folder / "candidates.json").write_text(json.dumps(candidates, indent=2) + "\n")
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def evolve_curve(result: str | Path) -> list[tuple[int, dict[str, float]]]:
+    """The run as a curve for the trackers, from ``result/candidates.json``: at the metric calls where each
+    candidate was found, its validation score (``evolve/val_score``) and the best so far
+    (``evolve/best_val_score``)."""
+    candidates = json.loads((Path(result) / "candidates.json").read_text())
+    curve, best = [], float("-inf")
+    for candidate in sorted(candidates, key=lambda c: (c["metric_calls_at_discovery"], c["index"])):
+        best = max(best, candidate["val_score"])
+        curve.append((int(candidate["metric_calls_at_discovery"]),
+                      {"evolve/val_score": float(candidate["val_score"]), "evolve/best_val_score": best}))
+    return curve

@@ -59,7 +59,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
             reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                         rollout=config.rollout, rewards=config.rl.rewards, label=label,
                                         **_placement(config), backend=config.model.backend,
-                                        **config.eval.model_dump()))
+                                        report_to=config.report_to, **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
@@ -104,7 +104,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     else:
         summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
                              log=lambda line: None, backend=config.model.backend, **_placement(config),
-                             **config.evolve.model_dump())
+                             report_to=config.report_to, **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
     return result / "best_candidate.json"
@@ -131,7 +131,7 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
     log(f"sft: {len(dataset)} rows ({len(demos) - len(checked)} of {len(demos)} demonstrations dropped for token "
         "drift)")
     return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
-                   **config.sft.model_dump())
+                   report_to=config.report_to, **config.sft.model_dump())
 
 
 def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> Path:
@@ -141,9 +141,11 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
         return final
 
     def show(record: dict[str, float]) -> None:
-        log(f"rl step {record['step']:>3}/{config.rl.steps}: reward {record['reward']:.3f} "
-            f"success {record['success_rate']:.3f} zero-var groups {record['zero_variance_groups']:.2f} "
-            f"kl {record['kl']:.4f} entropy {record['entropy']:.3f} {record['tokens_per_s']:.0f} tok/s")
+        log(f"rl step {record['step']:>3}/{config.rl.steps}: reward {record['reward/mean']:.3f} "
+            f"success {record['rollout/success_rate']:.3f} "
+            f"zero-var groups {record['rollout/zero_variance_groups']:.2f} kl {record['loss/kl']:.4f} "
+            f"entropy {record['loss/entropy']:.3f} {record['perf/tokens_per_s']:.0f} tok/s")
 
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  backend=config.model.backend, **_placement(config), **config.rl.model_dump())
+                  backend=config.model.backend, report_to=config.report_to, **_placement(config),
+                  **config.rl.model_dump())

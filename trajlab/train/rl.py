@@ -26,7 +26,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory, task_id
 from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
+from trajlab.tracking import Trackers
 from trajlab.train.advantages import (
     group_advantages,
     group_turn_advantages,
@@ -82,6 +83,7 @@ def run_rl(
     device: str = "auto",
     dtype: str = "auto",
     backend: str = "hf",
+    report_to: Sequence[str] = (),
 ) -> Path:
     """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
     ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
@@ -90,7 +92,8 @@ def run_rl(
     ``sampler`` rolls out instead of the model being trained (None: an ``HFGenerator`` over it, on-policy); one
     that takes weights (the vllm backend) gets the trainer's after every optimizer step (see ``_synced_sampler``).
     With ``rollout.workers``, Ray actors roll out instead, each starting its ``backend`` policy from ``model_dir``
-    and taking the trainer's weights after every optimizer step.
+    and taking the trainer's weights after every optimizer step. Each step's metrics (``METRIC_NAMES``) go to
+    ``out_dir/metrics.jsonl``, ``on_step`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -170,6 +173,9 @@ def run_rl(
                                 retries=rollout.retries, retry_backoff_s=rollout.retry_backoff_s)
 
     model.eval()
+    trackers = Trackers(report_to, out_dir.parent, out_dir.name, enabled=accelerator.is_main_process,
+                        config={"rl": settings.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"),
+                                "seed": seed, "backend": backend})
     feed = RolloutFeed(rollouts, start=start, steps=settings.steps, max_staleness=settings.max_staleness,
                        calls=lambda: synced.batches)
     metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
@@ -224,15 +230,18 @@ def run_rl(
                        "rollout_wait_s": waited, "overlap_s": overlap_s}
             if workers is not None:
                 record["workers_replaced"] = workers.replaced
+            record = namespaced(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
+                trackers.log(record, step=step + 1)
                 if on_step:
                     on_step(record)
             if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
                 _checkpoint(accelerator, out_dir, step + 1)
     finally:
         feed.close()
+        trackers.close()
         if metrics_file is not None:
             metrics_file.close()
         engine.close()
@@ -272,6 +281,34 @@ def _publish(sampler: Generator | RayRolloutRunner, behaviour: torch.nn.Module |
         with torch.no_grad():
             for mine, trained in zip(behaviour.parameters(), model.parameters(), strict=True):
                 mine.copy_(trained)
+
+
+METRIC_NAMES = {
+    "step": "step",
+    "reward": "reward/mean",
+    **{name: f"rollout/{name}" for name in (
+        "success_rate", "tool_error_rate", "parse_error_rate", "mean_turns", "episodes", "errors", "retries",
+        "zero_variance_groups", "groups_short", "groups_skipped", "staleness_mean", "dropped_stale",
+        "workers_replaced")},
+    "drift/trajectories": "rollout/drifted",
+    "loss": "loss/policy", "kl": "loss/kl", "entropy": "loss/entropy", "clip_fraction": "loss/clip_fraction",
+    "grad_norm": "optim/grad_norm", "lr": "optim/lr", "trained_sequences": "optim/trained_sequences",
+    **{name: f"perf/{name}" for name in (
+        "tokens_per_s", "rollout_s", "update_s", "rollout_wait_s", "overlap_s", "generate_calls", "drift_check_s",
+        "processes")},
+}
+"""An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (README, "Metrics")."""
+METRIC_PREFIXES = {"reward/": "reward/", "mismatch/": "mismatch/", "staleness/": "rollout/staleness/",
+                   "per_env/": "rollout/per_env/"}
+
+
+def namespaced(record: dict[str, float]) -> dict[str, float]:
+    """``record`` under the names users see (``METRIC_NAMES``); a metric without one is a bug, not a new name."""
+    named = {}
+    for key, value in record.items():
+        prefix = next((p for p in METRIC_PREFIXES if key.startswith(p)), None)
+        named[METRIC_PREFIXES[prefix] + key.removeprefix(prefix) if prefix else METRIC_NAMES[key]] = value
+    return named
 
 
 def _staleness_metrics(staleness: list[int], max_staleness: int) -> dict[str, float]:

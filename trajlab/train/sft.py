@@ -7,21 +7,63 @@ Text-only rows (no tokens) fall back to TRL's conversational path, which needs `
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
 from trajlab.config import SFTSettings
 from trajlab.models import load_model
+from trajlab.tracking import Trackers
 from trajlab.train.lora import lora_config
 from trajlab.train.placement import check_trainable, training_device
 
 logger = logging.getLogger(__name__)
+
+SFT_METRIC_NAMES = {
+    "loss": "loss/sft", "mean_token_accuracy": "loss/token_accuracy", "entropy": "loss/entropy",
+    "grad_norm": "optim/grad_norm", "learning_rate": "optim/lr", "epoch": "optim/epoch",
+    "num_tokens": "perf/num_tokens", "train_runtime": "perf/train_runtime_s", "train_samples_per_second":
+    "perf/samples_per_s", "train_steps_per_second": "perf/steps_per_s", "total_flos": "perf/total_flos",
+    "train_loss": "loss/sft_mean",
+}
+"""What the transformers Trainer logs during SFT, by the names users see (README, "Metrics"); anything else it
+logs becomes ``sft/<name>``."""
+
+
+class SFTMetrics(TrainerCallback):
+    """Every log of the SFT trainer, under the names of :data:`SFT_METRIC_NAMES`, to ``out_dir/metrics.jsonl`` and
+    the trackers.
+
+    Resuming from ``checkpoint-N`` first drops the file's rows after step N, which the resumed run logs again.
+    """
+
+    def __init__(self, out_dir: str | Path, trackers: Trackers, resumed_at: int | None = None) -> None:
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.trackers = trackers
+        if self.path.exists() and resumed_at is not None:
+            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resumed_at]
+            self.path.write_text("".join(f"{line}\n" for line in kept))
+        elif self.path.exists():
+            self.path.unlink()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step} | {SFT_METRIC_NAMES.get(key, f"sft/{key}"): value
+                                                for key, value in logs.items() if isinstance(value, int | float)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as file:
+            file.write(json.dumps(record) + "\n")
+        self.trackers.log(record, step=state.global_step)
 
 
 def training_columns(dataset: Dataset) -> Dataset:
@@ -44,13 +86,15 @@ def run_sft(
     resume: bool = False,
     device: str = "auto",
     dtype: str = "auto",
+    report_to: Sequence[str] = (),
 ) -> Path:
     """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
     model directory, LoRA merged).
 
     Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. ``device``
     and ``dtype`` are ``model.device`` / ``model.dtype`` (a directory is loaded in that dtype; on a GPU with
-    bfloat16 the trainer computes in bfloat16 autocast).
+    bfloat16 the trainer computes in bfloat16 autocast). Every log (``SFT_METRIC_NAMES``) goes to
+    ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`).
     """
     out_dir = Path(out_dir)
     if len(dataset) == 0:
@@ -71,7 +115,7 @@ def run_sft(
         logging_steps=settings.logging_steps,
         save_steps=settings.save_steps,
         save_total_limit=2,
-        report_to="none",  # the loss history is kept in checkpoint-*/trainer_state.json
+        report_to="none",  # SFTMetrics sends the logs to metrics.jsonl and the trackers, under trajlab's names
         seed=seed,
         max_length=None,
         assistant_only_loss=conversational_rows,
@@ -94,7 +138,13 @@ def run_sft(
     checkpoint = get_last_checkpoint(str(out_dir)) if resume and out_dir.is_dir() else None
     if resume and checkpoint is None:
         logger.info("No checkpoint in %s: starting SFT from the beginning.", out_dir)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    main = trainer.accelerator.is_main_process
+    with Trackers(report_to, out_dir.parent, out_dir.name, enabled=main,
+                  config={"sft": settings.model_dump(mode="json"), "seed": seed}) as trackers:
+        if main:
+            resumed_at = int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else None
+            trainer.add_callback(SFTMetrics(out_dir, trackers, resumed_at))
+        trainer.train(resume_from_checkpoint=checkpoint)
     trained = trainer.model
     if settings.lora:
         trained = trained.merge_and_unload()
