@@ -1,6 +1,7 @@
 """`trajlab run` end to end with tiny budgets, and resuming a finished run."""
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -33,6 +34,9 @@ def test_run_prints_one_row_per_evaluation_and_resumes(tmp_path):
     for path in ("model/config.json", "demos.jsonl", "sft/final/config.json", "rl/final/config.json",
                  "rl/metrics.jsonl", "eval-0-untrained/eval.json", "eval-2-rl/eval.json", "results.json"):
         assert (run / path).exists(), path
+    page = (run / "report.html").read_text()
+    assert "eval-2-rl" in page and '"rl/step"' in page and '"reward/mean"' in page, "evals, RL rollouts, curves"
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the report fetches nothing"
 
     again = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
     assert again.exit_code == 0

@@ -10,6 +10,7 @@ from accelerate import Accelerator
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
+from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.env.mixture import load_envs
 from trajlab.inference.hf import HFGenerator
@@ -237,6 +238,14 @@ def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
                 "loss/entropy", "perf/tokens_per_s"):
         assert key in records[-1]
     assert json.loads((tmp_path / "checkpoint" / "trajlab_state.json").read_text()) == {"step": 2}
+    rollouts = list(read_trajectories(tmp_path / "rollouts.jsonl"))  # what each step trained on, for the report
+    assert len(rollouts) == len({t.id for t in rollouts}) == 2 * 2 * 2, "both steps' rollouts, each once"
+    assert sorted({t.metrics["rl/step"] for t in rollouts}) == [1.0, 2.0]
+    for trajectory in rollouts:
+        turns = sum(1 for i, bit in enumerate(trajectory.tokens.loss_mask) if bit and not (
+            i and trajectory.tokens.loss_mask[i - 1]))
+        assert [k for k in trajectory.metrics if k.startswith("advantage/")] == [f"advantage/{n}" for n in range(turns)]
+        assert trajectory.metrics["rl/trained"] in (0.0, 1.0) and "rl/reward" in trajectory.metrics
     assert sum(p.numel() for p in load_model(final).parameters()) > 1_000_000
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from trajlab.cli import rollouts, serving, setup, training
+from trajlab.cli import report, rollouts, serving, setup, training
 from trajlab.cli.common import ErrorsAsMessages
 
 app = typer.Typer(help="Post-train LLMs to use tools across many turns.", no_args_is_help=True,
@@ -23,6 +23,7 @@ app.command()(training.sft)
 app.command()(training.rl)
 app.command()(training.evolve)
 app.command()(training.run)
+app.command()(report.report)
 app.command()(serving.serve)
 app.add_typer(serving.traces_app, name="traces")
 

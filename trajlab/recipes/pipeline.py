@@ -24,6 +24,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model, load_tokenizer
+from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
 
 Log = Callable[[str], None]
@@ -64,6 +65,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
     (run / "results.json").write_text(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
+    log(f"report: {write_report([run], run / 'report.html')} (trajlab report {run} writes it again)")
     return reports
 
 

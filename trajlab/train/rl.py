@@ -27,7 +27,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.config import RLSettings, RolloutSettings
+from trajlab.data.store import TrajectoryStore
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
@@ -179,6 +180,9 @@ def run_rl(
     feed = RolloutFeed(rollouts, start=start, steps=settings.steps, max_staleness=settings.max_staleness,
                        calls=lambda: synced.batches)
     metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
+    files = ExitStack()  # closed with the run
+    rollouts_file = (files.enter_context(TrajectoryStore(out_dir / ROLLOUTS_FILE)) if accelerator.is_main_process
+                     else None)
     try:
         for step in range(start, settings.steps):
             # --- 1. rollouts: made by the feed's thread, from weights at most max_staleness steps old ---
@@ -206,6 +210,8 @@ def run_rl(
             # sampled by weights more than max_staleness steps old is dropped
             kept = [i for i, t in enumerate(trajectories)
                     if id(t) in clean_ids and t.status != "error" and staleness[i] <= settings.max_staleness]
+            if rollouts_file is not None:
+                _record_rollouts(rollouts_file, step, trajectories, rewards, token_advantages, set(kept))
 
             # --- 4. policy-gradient update on model tokens ---
             model.train()
@@ -244,6 +250,7 @@ def run_rl(
         trackers.close()
         if metrics_file is not None:
             metrics_file.close()
+        files.close()
         engine.close()
         if workers is not None:
             workers.close()
@@ -281,6 +288,30 @@ def _publish(sampler: Generator | RayRolloutRunner, behaviour: torch.nn.Module |
         with torch.no_grad():
             for mine, trained in zip(behaviour.parameters(), model.parameters(), strict=True):
                 mine.copy_(trained)
+
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+"""Every step's trajectories, in ``out_dir``: what the update saw, for ``trajlab report``."""
+
+
+def _record_rollouts(store: TrajectoryStore, step: int, trajectories: list[Trajectory], rewards: list[float],
+                     token_advantages: list[list[float]], trained: set[int]) -> None:
+    """Append the step's trajectories with what RL made of them: ``rl/step``, ``rl/reward`` (weighted),
+    ``rl/trained`` (1 if the update used it) and ``advantage/<turn>`` (each model turn's advantage). A resumed
+    run skips the ones already there."""
+    for index, trajectory in enumerate(trajectories):
+        if trajectory.id in store.ids:
+            continue
+        extra = {"rl/step": float(step + 1), "rl/reward": rewards[index], "rl/trained": float(index in trained)}
+        if trajectory.tokens is not None:
+            turns = _turn_starts(trajectory.tokens.loss_mask)
+            extra |= {f"advantage/{turn}": token_advantages[index][start] for turn, start in enumerate(turns)}
+        store.append(trajectory.model_copy(update={"metrics": trajectory.metrics | extra}))
+
+
+def _turn_starts(loss_mask: list[int]) -> list[int]:
+    """Where each model turn (a run of loss-mask 1s) starts in the completion."""
+    return [i for i, bit in enumerate(loss_mask) if bit and (i == 0 or not loss_mask[i - 1])]
 
 
 METRIC_NAMES = {

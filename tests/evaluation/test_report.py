@@ -1,0 +1,50 @@
+"""``trajlab report`` from trajectory files: what the page carries, and the errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from trajlab import api
+from trajlab.cli import app
+from trajlab.report import gather
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "demos.jsonl"
+    api.collect("arithmetic", str(tiny_model_dir), out=out, episodes=6, rollout={"max_turns": 2, "max_new_tokens": 16})
+    return out
+
+
+def test_the_page_carries_every_trajectory_with_its_tokens_and_their_text(trajectories, tmp_path):
+    result = CliRunner().invoke(app, ["report", str(trajectories), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.stdout
+    page = (tmp_path / "r.html").read_text()
+    embedded = re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1)
+    data = json.loads(embedded.replace("<\\/", "</"))
+    rows = data["trajectories"]
+    assert len(rows) == 6 and {r["source"] for r in rows} == {"demos"}
+    for row in rows:
+        tokens = row["tokens"]
+        assert len(tokens["ids"]) == len(tokens["mask"]) == len(tokens["lp"]) and any(tokens["mask"])
+        assert all(str(i) in data["vocab"] for i in tokens["prompt"] + tokens["ids"]), "every token has its text"
+        assert all((lp is None) != bool(bit) for lp, bit in zip(tokens["lp"], tokens["mask"], strict=True))
+    assert "".join(data["vocab"][str(i)] for i in rows[0]["tokens"]["prompt"]).count("<|im_start|>") >= 2
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the report fetches nothing"
+
+
+def test_a_cap_counts_what_it_left_out(trajectories):
+    data = gather([trajectories], max_trajectories=4)
+    assert len(data["trajectories"]) == 4 and data["omitted"] == 2
+
+
+def test_bad_sources_say_what_is_wrong(tmp_path):
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "no such run directory or trajectory file" in result.stdout
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
+    assert result.exit_code == 1 and "nothing to report" in result.stdout
