@@ -79,7 +79,7 @@ def _gather_run(run: Path, data: dict[str, Any], files: list[tuple[str, Path]]) 
         stages = yaml.safe_load(config.read_text()).get("stages", [])
         data["stages"] = _stages(run, stages)
     reports = []
-    for path in sorted(run.glob("eval-*/eval.json"), key=_eval_order):
+    for path in sorted(run.glob("eval-*/eval.json"), key=lambda p: _eval_order(p.parent)):
         reports.append(load_report(path))
         data["evals"].append(_eval_row(path.parent.name, reports[-1]))
     if len(reports) >= 2:
