@@ -22,9 +22,15 @@ import trajlab
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"],
-          "ray": ["ray"], "vllm": ["vllm"]}
-# Extras tested in a venv of their own, so not in the `test` extra: vllm pins its own torch and transformers.
-LANE_EXTRAS = {"vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh)"}
+          "ray": ["ray"], "vllm": ["vllm"], "tensorboard": ["tensorboard"], "wandb": ["wandb"],
+          "trackio": ["trackio"], "mlflow": ["mlflow"]}
+# Extras not in the `test` extra, each with the reason.
+LANE_EXTRAS = {
+    "vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh): it pins its own torch",
+    "wandb": "accelerate's tracker; the tests check only the missing-package message (tests/train/test_tracking.py)",
+    "trackio": "likewise; trackio pulls in gradio",
+    "mlflow": "likewise; mlflow pulls in a web server and a database layer",
+}
 # Hidden to stand for "not installed"; httpx2 stays: the core's openai client imports it (openai >= 3).
 OPTIONAL = sorted(name for names in EXTRAS.values() for name in names if name != "httpx2")
 # Imported, yet rightly not declared: each comes with a declared package, or cannot be declared.
