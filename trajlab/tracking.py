@@ -19,13 +19,13 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from trajlab.errors import UserError, require
 
 TrackerName = Literal["tensorboard", "wandb", "trackio", "mlflow"]
-TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "trackio", "mlflow")
-_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
+TRACKERS: tuple[str, ...] = get_args(TrackerName)
+"""The trackers, each also the name of its package and of its extra (``pip install 'trajlab[NAME]'``)."""
 
 
 def require_trackers(report_to: Sequence[str]) -> None:
@@ -35,7 +35,7 @@ def require_trackers(report_to: Sequence[str]) -> None:
     if unknown:
         raise UserError(f"report_to: unknown tracker(s) {unknown}; choose from {', '.join(TRACKERS)}.")
     for name in report_to:
-        require(_PACKAGES[name], feature=f"report_to: {name}", install=f"pip install 'trajlab[{name}]'")
+        require(name, feature=f"report_to: {name}", install=f"pip install 'trajlab[{name}]'")
 
 
 class Trackers:
@@ -116,4 +116,3 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif value is not None:
             flat[f"{prefix}{key}"] = str(value)
     return flat
-

@@ -227,11 +227,5 @@ def metric_names(reports: Sequence[EvalReport]) -> list[str]:
 def eval_metrics(report: EvalReport) -> dict[str, float]:
     """An evaluation's numbers under ``eval/`` (pass@k as ``eval/pass@K``, reward components as
     ``eval/reward/NAME``)."""
-    numbers = {"episodes": report.episodes, "success_rate": report.success_rate, "mean_reward": report.mean_reward,
-               "mean_turns": report.mean_turns, "tool_error_rate": report.tool_error_rate,
-               "parse_error_rate": report.parse_error_rate}
-    numbers |= {f"pass@{k}": value for k, value in report.pass_at.items()}
-    numbers |= {f"reward/{name}": value for name, value in report.reward_components.items()}
-    if report.tokens_per_s is not None:
-        numbers["tokens_per_s"] = report.tokens_per_s
-    return {f"eval/{name}": float(value) for name, value in numbers.items()}
+    return {f"eval/{name}": float(value) for name in metric_names([report])
+            if (value := metric_value(report, name)) is not None}

@@ -48,8 +48,9 @@ class TrajlabAdapter:
 
     Args:
         engine: rolls out the policy on the env (with its parser, chat template, sampling and limits); a candidate
-            sets its system prompt, and its tool descriptions give an engine of their own (rollout workers, a
-            :class:`RayRolloutRunner`, switch to each candidate's texts instead).
+            sets its system prompt, and its tool descriptions give an engine of their own
+            (:meth:`RolloutEngine.with_tool_descriptions`; rollout workers, a :class:`RayRolloutRunner`, switch to
+            each candidate's texts instead).
         weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
         concurrency: episodes run at once.
         retries: times an episode that failed because of the machinery (status error) is run again; one that
@@ -72,7 +73,6 @@ class TrajlabAdapter:
         self.retries = retries
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
-        self._engines: dict[str, RolloutEngine] = {json.dumps({}): engine}  # by tool descriptions (in-process)
         self._results: dict[str, _Scored] = {}
         self._store: TrajectoryStore | None = None
 
@@ -110,10 +110,7 @@ class TrajlabAdapter:
         if isinstance(self.engine, RayRolloutRunner):
             self.engine.present(candidate[SYSTEM_PROMPT], descriptions)
             return self.engine
-        key = json.dumps(descriptions, sort_keys=True)
-        if key not in self._engines:
-            self._engines[key] = self.engine.with_env(self.engine.env.with_tool_descriptions(descriptions))
-        engine = self._engines[key]
+        engine = self.engine.with_tool_descriptions(descriptions)
         engine.system_prompt = candidate[SYSTEM_PROMPT]  # GEPA evaluates one candidate at a time
         return engine
 

@@ -19,6 +19,7 @@ import yaml
 
 from trajlab.data.store import read_trajectories
 from trajlab.evaluation import EvalReport, load_report
+from trajlab.evaluation.metrics import metric_names, metric_value
 from trajlab.rollout.types import Trajectory, task_id
 
 logger = logging.getLogger(__name__)
@@ -73,15 +74,13 @@ def gather(sources: Iterable[str | Path], *, max_trajectories: int = 10_000) -> 
 
 def _gather_run(run: Path, data: dict[str, Any], files: list[tuple[str, Path]]) -> None:
     data["title"] = run.resolve().name
+    evals = sorted((path.parent for path in run.glob("eval-*/eval.json")), key=_eval_order)
     config = run / "config.yaml"
     if config.exists():
         data["config"] = config.read_text()
-        stages = yaml.safe_load(config.read_text()).get("stages", [])
-        data["stages"] = _stages(run, stages)
-    reports = []
-    for path in sorted(run.glob("eval-*/eval.json"), key=lambda p: _eval_order(p.parent)):
-        reports.append(load_report(path))
-        data["evals"].append(_eval_row(path.parent.name, reports[-1]))
+        data["stages"] = _stages(run, yaml.safe_load(data["config"]).get("stages", []), evals)
+    reports = [load_report(folder / "eval.json") for folder in evals]
+    data["evals"] = [_eval_row(folder.name, report) for folder, report in zip(evals, reports, strict=True)]
     if len(reports) >= 2:
         data["changed"] = _changed(reports[0], reports[-1])
     for metrics in sorted(run.glob("*/metrics.jsonl")):
@@ -97,11 +96,12 @@ def _eval_order(path: Path) -> tuple[int, str]:
     return (int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 10**6, path.name)
 
 
-def _stages(run: Path, stages: list[str]) -> list[dict[str, str]]:
-    rows, evals = [], sorted(run.glob("eval-*/eval.json"), key=lambda p: _eval_order(p.parent))
+def _stages(run: Path, stages: list[str], evals: list[Path]) -> list[dict[str, str]]:
+    """The configured stages with their result where it exists (``evals``: the eval directories, in run order)."""
+    rows, evals = [], list(evals)
     for stage in stages:
         if stage == "eval":
-            path = evals.pop(0).parent if evals else None
+            path = evals.pop(0) if evals else None
             done = path is not None
         elif stage == "collect":
             path, done = run / "demos.jsonl", (run / "demos.jsonl").exists()
@@ -117,13 +117,10 @@ def _stages(run: Path, stages: list[str]) -> list[dict[str, str]]:
 
 
 def _eval_row(name: str, report: EvalReport) -> dict[str, Any]:
-    row: dict[str, Any] = {"name": name, "label": report.label, "episodes": report.episodes,
-                           "success_rate": report.success_rate, "mean_reward": report.mean_reward,
-                           "mean_turns": report.mean_turns, "tool_error_rate": report.tool_error_rate,
-                           "parse_error_rate": report.parse_error_rate}
-    row |= {f"pass@{k}": v for k, v in report.pass_at.items()}
-    row |= {f"reward/{k}": v for k, v in report.reward_components.items()}
-    return row
+    """An evaluation's name, label and every number it has."""
+    numbers = {metric: value for metric in metric_names([report])
+               if (value := metric_value(report, metric)) is not None}
+    return {"name": name, "label": report.label} | numbers
 
 
 def _changed(first: EvalReport, last: EvalReport) -> list[dict[str, Any]]:

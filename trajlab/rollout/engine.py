@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import time
 from collections import defaultdict
@@ -164,6 +165,7 @@ class RolloutEngine(EpisodeRunner):
         self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
         self._threads = ToolThreads(f"trajlab-{env.name}")
         self._owns_threads = True
+        self._described: dict[str, RolloutEngine] = {}
 
     def with_env(self, env: EnvSpec) -> RolloutEngine:
         """An engine for ``env`` (e.g. the same env with other tool descriptions) with this one's policy, parser,
@@ -173,6 +175,16 @@ class RolloutEngine(EpisodeRunner):
                                system_prompt=self.system_prompt, seed=self.seed)
         engine._threads, engine._owns_threads = self._threads, False
         return engine
+
+    def with_tool_descriptions(self, descriptions: Mapping[str, str]) -> RolloutEngine:
+        """This engine showing the model other descriptions of some tools (a prompt-evolution candidate's): itself
+        for none, else one engine per set of descriptions, made by :meth:`with_env` once and kept."""
+        if not descriptions:
+            return self
+        key = json.dumps(dict(descriptions), sort_keys=True)
+        if key not in self._described:
+            self._described[key] = self.with_env(self.env.with_tool_descriptions(dict(descriptions)))
+        return self._described[key]
 
     def close(self) -> None:
         """Stop the threads of env code (a timed-out tool's thread exits when its call returns)."""

@@ -82,9 +82,7 @@ class RolloutWorker:
     def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
         """Show the model this system prompt and these tool descriptions from the next episode on (a prompt
         evolution candidate); the tools themselves do not change."""
-        env = self._base.env
-        self.engine = self._base.with_env(env.with_tool_descriptions(tool_descriptions)) if tool_descriptions \
-            else self._base
+        self.engine = self._base.with_tool_descriptions(tool_descriptions)
         self.engine.system_prompt = system_prompt
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:

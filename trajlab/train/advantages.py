@@ -73,6 +73,12 @@ def group_turn_advantages(turn_rewards: Sequence[Sequence[float]], estimator: Es
     return advantages
 
 
+def turn_starts(loss_mask: Sequence[int]) -> list[int]:
+    """Where each model turn starts in the completion: the turns of :func:`spread_over_turns`, runs of loss-mask
+    1s."""
+    return [i for i, bit in enumerate(loss_mask) if bit and (i == 0 or not loss_mask[i - 1])]
+
+
 def spread_over_turns(loss_mask: Sequence[int], per_turn: Sequence[float]) -> list[float]:
     """Token advantages: the t-th contiguous run of model tokens gets ``per_turn[t]``; other tokens get 0."""
     out, turn, previous = [], -1, 0

@@ -56,6 +56,7 @@ from trajlab.train.advantages import (
     group_turn_advantages,
     spread_over_turns,
     turn_rewards_with_terminal,
+    turn_starts,
 )
 from trajlab.train.feed import RolloutFeed
 from trajlab.train.logprobs import chosen_logprobs
@@ -174,15 +175,16 @@ def run_rl(
                                 retries=rollout.retries, retry_backoff_s=rollout.retry_backoff_s)
 
     model.eval()
-    trackers = Trackers(report_to, out_dir.parent, out_dir.name, enabled=accelerator.is_main_process,
-                        config={"rl": settings.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"),
-                                "seed": seed, "backend": backend})
+    outputs = ExitStack()  # what the main process writes: closed with the run
+    trackers = outputs.enter_context(Trackers(
+        report_to, out_dir.parent, out_dir.name, enabled=accelerator.is_main_process,
+        config={"rl": settings.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"), "seed": seed,
+                "backend": backend}))
+    main = accelerator.is_main_process
+    metrics_file = outputs.enter_context((out_dir / "metrics.jsonl").open("a")) if main else None
+    rollouts_file = outputs.enter_context(TrajectoryStore(out_dir / ROLLOUTS_FILE)) if main else None
     feed = RolloutFeed(rollouts, start=start, steps=settings.steps, max_staleness=settings.max_staleness,
                        calls=lambda: synced.batches)
-    metrics_file = (out_dir / "metrics.jsonl").open("a") if accelerator.is_main_process else None
-    files = ExitStack()  # closed with the run
-    rollouts_file = (files.enter_context(TrajectoryStore(out_dir / ROLLOUTS_FILE)) if accelerator.is_main_process
-                     else None)
     try:
         for step in range(start, settings.steps):
             # --- 1. rollouts: made by the feed's thread, from weights at most max_staleness steps old ---
@@ -247,10 +249,7 @@ def run_rl(
                 _checkpoint(accelerator, out_dir, step + 1)
     finally:
         feed.close()
-        trackers.close()
-        if metrics_file is not None:
-            metrics_file.close()
-        files.close()
+        outputs.close()
         engine.close()
         if workers is not None:
             workers.close()
@@ -304,14 +303,9 @@ def _record_rollouts(store: TrajectoryStore, step: int, trajectories: list[Traje
             continue
         extra = {"rl/step": float(step + 1), "rl/reward": rewards[index], "rl/trained": float(index in trained)}
         if trajectory.tokens is not None:
-            turns = _turn_starts(trajectory.tokens.loss_mask)
+            turns = turn_starts(trajectory.tokens.loss_mask)
             extra |= {f"advantage/{turn}": token_advantages[index][start] for turn, start in enumerate(turns)}
         store.append(trajectory.model_copy(update={"metrics": trajectory.metrics | extra}))
-
-
-def _turn_starts(loss_mask: list[int]) -> list[int]:
-    """Where each model turn (a run of loss-mask 1s) starts in the completion."""
-    return [i for i, bit in enumerate(loss_mask) if bit and (i == 0 or not loss_mask[i - 1])]
 
 
 METRIC_NAMES = {

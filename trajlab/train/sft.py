@@ -47,6 +47,7 @@ class SFTMetrics(TrainerCallback):
 
     def __init__(self, out_dir: str | Path, trackers: Trackers, resumed_at: int | None = None) -> None:
         self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.trackers = trackers
         if self.path.exists() and resumed_at is not None:
             kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resumed_at]
@@ -60,7 +61,6 @@ class SFTMetrics(TrainerCallback):
             return
         record = {"step": state.global_step} | {SFT_METRIC_NAMES.get(key, f"sft/{key}"): value
                                                 for key, value in logs.items() if isinstance(value, int | float)}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as file:
             file.write(json.dumps(record) + "\n")
         self.trackers.log(record, step=state.global_step)
@@ -149,7 +149,7 @@ def run_sft(
     if settings.lora:
         trained = trained.merge_and_unload()
     final = out_dir / "final"
-    if trainer.accelerator.is_main_process:  # under accelerate launch, one process writes
+    if main:  # under accelerate launch, one process writes
         trained.save_pretrained(final)
         tokenizer.save_pretrained(final)
     trainer.accelerator.wait_for_everyone()
