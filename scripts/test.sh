@@ -25,6 +25,13 @@ run_pytest() {  # pytest's exit code, with 5 (no tests collected) reported as a 
 }
 
 bash scripts/setup.sh || exit 1
+# Chromium for the report's browser tests, installed as root; without root they skip and say why (exit code 1), an
+# install that fails is a failure.
+bash scripts/setup_browser.sh
+browser=$?
+if [ "$browser" -ne 0 ] && [ "$browser" -ne 1 ]; then
+  exit "$browser"
+fi
 . .venv/bin/activate
 ruff check . || exit 1
 run_pytest "$@" || exit $?

@@ -1,11 +1,13 @@
-"""`trajlab run` end to end with tiny budgets, and resuming a finished run."""
+"""`trajlab run` end to end with tiny budgets, resuming a finished run, and its report opened in Chromium."""
 
 import json
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
+from trajlab.report import browser, read_embedded
 
 CONFIG = """# trajlab run config.yaml
 run_dir: {run_dir}
@@ -14,20 +16,28 @@ stages: [eval, collect, sft, eval, rl, eval]
 rollout: {{max_turns: 4, max_new_tokens: 32, concurrency: 16}}
 collect: {{episodes: 16}}
 sft: {{max_steps: 2, batch_size: 4, warmup_steps: 0}}
-rl: {{steps: 1, tasks_per_step: 2, group_size: 2, minibatch_size: 4, rewards: {{env: 1.0, progress: 1.0}}}}
+rl: {{steps: 1, tasks_per_step: 2, group_size: 2, minibatch_size: 4, kl_coef: 0.01,
+     rewards: {{env: 1.0, progress: 1.0}}}}
 eval: {{num_tasks: 4}}
 """
 
 
-def test_run_prints_one_row_per_evaluation_and_resumes(tmp_path):
-    config = tmp_path / "config.yaml"
-    config.write_text(CONFIG.format(run_dir=tmp_path / "run"))
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    """The config and the output of one `trajlab run` of every stage."""
+    folder = tmp_path_factory.mktemp("pipeline")
+    config = folder / "config.yaml"
+    config.write_text(CONFIG.format(run_dir=folder / "run"))
+    return config, CliRunner().invoke(app, ["run", str(config)], catch_exceptions=False)
+
+
+def test_run_prints_one_row_per_evaluation_and_resumes(pipeline):
+    config, result = pipeline
     runner = CliRunner()
-    result = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
     assert result.exit_code == 0, result.stdout
     for label in ("untrained", "sft", "rl"):
         assert label in result.stdout
-    run = tmp_path / "run"
+    run = config.parent / "run"
     reports = json.loads((run / "results.json").read_text())
     assert [r["label"] for r in reports] == ["untrained", "sft", "rl"]
     assert all("progress" in r["reward_components"] and r["episodes"] == 4 for r in reports)
@@ -35,12 +45,80 @@ def test_run_prints_one_row_per_evaluation_and_resumes(tmp_path):
                  "rl/metrics.jsonl", "eval-0-untrained/eval.json", "eval-2-rl/eval.json", "results.json"):
         assert (run / path).exists(), path
     page = (run / "report.html").read_text()
-    assert "eval-2-rl" in page and '"rl/step"' in page and '"reward/mean"' in page, "evals, RL rollouts, curves"
+    data = read_embedded(page)
+    assert [e["name"] for e in data["evals"]] == ["eval-0-untrained", "eval-1-sft", "eval-2-rl"]
+    assert "reward/mean" in data["curves"]["rl"] and "loss/sft_mean" in data["curves"]["sft"]
+    assert any("rl/step" in t["metrics"] for t in data["trajectories"]), "RL's rollouts are in the browser"
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the report fetches nothing"
 
     again = runner.invoke(app, ["run", str(config)], catch_exceptions=False)
     assert again.exit_code == 0
     assert "sft: already done" in again.stdout and "rl: already done" in again.stdout
+
+
+needs_browser = pytest.mark.skipif(browser.missing() is not None, reason=f"no headless browser: {browser.missing()}")
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    driver = browser.chromium()
+    yield driver
+    driver.quit()
+
+
+@needs_browser
+def test_the_run_report_works_in_chromium(pipeline, chromium, tmp_path):
+    """The report of the run, opened as a user would: it renders without a console error, has a curve for every
+    metric the RL stage logged, filters change the list, and a trajectory opens into turns and tokens."""
+    config, result = pipeline
+    assert result.exit_code == 0, result.stdout
+    run = config.parent / "run"
+    rendered_ms = browser.open_report(chromium, run / "report.html")
+    assert 0 < rendered_ms < 10_000
+    assert browser.console_errors(chromium) == []
+    find = chromium.find_elements
+
+    logged = {name for line in (run / "rl" / "metrics.jsonl").open() for name, value in json.loads(line).items()
+              if name != "step" and isinstance(value, int | float)}
+    curves = {box.get_attribute("data-metric"): box for box in find("css selector", ".curve")}
+    assert {f"rl: {name}" for name in logged} <= set(curves), "a curve for every metric RL logged"
+    assert curves["rl: reward/mean"].find_element("css selector", "polyline").get_attribute("points")
+
+    total = sum(1 for pattern in ("demos.jsonl", "*/trajectories.jsonl", "*/rollouts.jsonl")
+                for path in run.glob(pattern) for _ in path.open())
+    rows = lambda: find("css selector", "#list tbody tr")  # noqa: E731
+    count = lambda: chromium.find_element("id", "count").text  # noqa: E731
+    assert count().startswith(f"{total} of {total} match") and len(rows()) == min(total, 100)
+    source = chromium.find_element("id", "f-source")
+    source.find_element("css selector", "option[value='rl']").click()
+    shown = rows()
+    assert 0 < len(shown) < min(total, 100) and {r.find_element("tag name", "td").text for r in shown} == {"rl"}
+    assert not count().startswith(f"{total} of")
+    chromium.find_element("id", "f-rmin").send_keys("0.5")
+    rewards = [float(r.find_elements("tag name", "td")[5].text) for r in rows()]
+    assert all(reward >= 0.5 for reward in rewards) and len(rewards) < len(shown)
+    chromium.find_element("id", "f-rmin").clear()
+    chromium.execute_script("document.getElementById('f-rmin').dispatchEvent(new Event('input'))")
+
+    rows()[0].click()
+    detail = chromium.find_element("id", "detail")
+    assert detail.find_elements("css selector", ".turn") and "stop reason" in detail.text
+    marks = [m.text for m in detail.find_elements("css selector", ".turnmark")]
+    assert marks and all("advantage" in mark for mark in marks), "each RL turn shows its advantage"
+    titles = [t.get_attribute("title") for t in detail.find_elements("css selector", ".tokens .tok.model")]
+    assert titles and all("sampler logprob" in title and "trainer logprob" in title for title in titles)
+    assert browser.console_errors(chromium) == []
+    screenshot = tmp_path / "report.png"
+    assert chromium.save_screenshot(str(screenshot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 10_000
+
+
+@needs_browser
+def test_the_console_check_sees_a_page_error(chromium, tmp_path):
+    page = tmp_path / "broken.html"
+    page.write_text("<!DOCTYPE html><body><script>null.render();</script></body>")
+    with pytest.raises(TimeoutError, match="TypeError"):
+        browser.open_report(chromium, page, timeout_s=2)
 
 
 def test_run_refuses_a_misspelled_key(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -10,7 +9,7 @@ from typer.testing import CliRunner
 
 from trajlab import api
 from trajlab.cli import app
-from trajlab.report import gather
+from trajlab.report import gather, read_embedded
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +23,7 @@ def test_the_page_carries_every_trajectory_with_its_tokens_and_their_text(trajec
     result = CliRunner().invoke(app, ["report", str(trajectories), "--out", str(tmp_path / "r.html")])
     assert result.exit_code == 0, result.stdout
     page = (tmp_path / "r.html").read_text()
-    embedded = re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1)
-    data = json.loads(embedded.replace("<\\/", "</"))
+    data = read_embedded(page)
     rows = data["trajectories"]
     assert len(rows) == 6 and {r["source"] for r in rows} == {"demos"}
     for row in rows:

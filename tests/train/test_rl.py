@@ -171,7 +171,7 @@ def test_rollouts_without_advantage_are_skipped_and_the_step_is_unchanged(tiny_m
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         if skipping:
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-            stats = _update(model, None, optimizer, scheduler, Accelerator(cpu=True), trajectories, advantages,
+            stats, _ = _update(model, None, optimizer, scheduler, Accelerator(cpu=True), trajectories, advantages,
                             settings, 16, pad)
         else:  # every rollout through the loss, as one batch
             batch = _pack(trajectories, advantages, pad, torch.device("cpu"))
@@ -227,9 +227,10 @@ def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(tiny_model_dir)
     template = resolve_chat_template(tokenizer)
     env = load_env("arithmetic")
-    settings, rollout = tiny_settings(steps=1, rewards={"env": 1.0, "progress": 0.5, "format": 0.0})
+    rewards = {"env": 1.0, "progress": 0.5, "format": 0.0}
+    settings, rollout = tiny_settings(steps=1, rewards=rewards, kl_coef=0.01)
     run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path)
-    settings, rollout = tiny_settings(steps=2, rewards={"env": 1.0, "progress": 0.5, "format": 0.0})
+    settings, rollout = tiny_settings(steps=2, rewards=rewards, kl_coef=0.01)
     final = run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path, resume=True)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2], "the resumed run continues at step 2"
@@ -246,6 +247,13 @@ def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
             i and trajectory.tokens.loss_mask[i - 1]))
         assert [k for k in trajectory.metrics if k.startswith("advantage/")] == [f"advantage/{n}" for n in range(turns)]
         assert trajectory.metrics["rl/trained"] in (0.0, 1.0) and "rl/reward" in trajectory.metrics
+        tokens = trajectory.tokens
+        # with a KL term every trained rollout goes through the loss, so the update has its trainer logprobs
+        assert (tokens.trainer_logprobs is not None) == bool(trajectory.metrics["rl/trained"])
+        if tokens.trainer_logprobs is not None:  # on-policy hf: the trainer's logprob is the sampler's
+            for sampled, trained, bit in zip(tokens.logprobs, tokens.trainer_logprobs, tokens.loss_mask, strict=True):
+                assert (trained is None) == (not bit) and (not bit or abs(trained - sampled) < 1e-4)
+    assert any(t.tokens.trainer_logprobs for t in rollouts)
     assert sum(p.numel() for p in load_model(final).parameters()) > 1_000_000
 
 
@@ -345,7 +353,7 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         stats = {}
         for correct in (True, False):
-            stats[correct] = _update(trainer, None, optimizer, scheduler, Accelerator(cpu=True),
+            stats[correct], _ = _update(trainer, None, optimizer, scheduler, Accelerator(cpu=True),
                                      sampled, advantages, settings, 16, pad, correct=correct)
             trainer.load_state_dict(load_model(tiny_model_dir).state_dict())
         measured = stats[True]

@@ -157,8 +157,13 @@ def _trajectory_row(source: str, trajectory: Trajectory) -> dict[str, Any]:
         "messages": [_message(m) for m in trajectory.messages],
         "tokens": None if tokens is None else {
             "prompt": tokens.prompt_ids, "ids": tokens.completion_ids, "mask": tokens.loss_mask,
-            "lp": [None if lp is None else round(lp, 3) for lp in tokens.logprobs]},
+            "lp": _rounded(tokens.logprobs),
+            "tlp": None if tokens.trainer_logprobs is None else _rounded(tokens.trainer_logprobs)},
     }
+
+
+def _rounded(logprobs: list[float | None]) -> list[float | None]:
+    return [None if lp is None else round(lp, 3) for lp in logprobs]
 
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,10 @@ class TokenRecord(BaseModel):
     everything after it in order: model tokens (``loss_mask`` 1, ``logprobs`` as sampled) and observation tokens
     (tool results, next prompts; ``loss_mask`` 0, ``logprobs`` None). Logprobs of model tokens are None when the
     policy could not report them (a scripted policy, a text-only server).
+
+    ``trainer_logprobs`` is RL's record only (``rl/rollouts.jsonl``): the trained model's logprob of each model token
+    before the step's first optimizer step, beside the sampler's, so a report can show where the two engines differ.
+    Left out of the JSON when absent.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -43,6 +47,7 @@ class TokenRecord(BaseModel):
     completion_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float | None]
+    trainer_logprobs: list[float | None] | None = Field(default=None, exclude_if=lambda value: value is None)
 
     @model_validator(mode="after")
     def _check_invariant(self) -> TokenRecord:
@@ -51,6 +56,10 @@ class TokenRecord(BaseModel):
             raise ValueError(
                 f"token invariant broken: {n} completion ids, {len(self.loss_mask)} loss-mask entries, "
                 f"{len(self.logprobs)} logprobs"
+            )
+        if self.trainer_logprobs is not None and len(self.trainer_logprobs) != n:
+            raise ValueError(
+                f"token invariant broken: {n} completion ids, {len(self.trainer_logprobs)} trainer logprobs"
             )
         if any(bit not in (0, 1) for bit in self.loss_mask):
             raise ValueError("loss_mask entries must be 0 or 1")

@@ -212,8 +212,6 @@ def run_rl(
             # sampled by weights more than max_staleness steps old is dropped
             kept = [i for i, t in enumerate(trajectories)
                     if id(t) in clean_ids and t.status != "error" and staleness[i] <= settings.max_staleness]
-            if rollouts_file is not None:
-                _record_rollouts(rollouts_file, step, trajectories, rewards, token_advantages, set(kept))
 
             # --- 4. policy-gradient update on model tokens ---
             model.train()
@@ -221,16 +219,19 @@ def run_rl(
             # synchronous: the sampler is idle during the update, so it may free its memory and take the weights;
             # asynchronous: it keeps rolling out the next steps and takes the weights between two of them
             with _synced_sampler(synced, model) if not settings.max_staleness else nullcontext():
-                update = _update(policy, reference, optimizer, scheduler, accelerator,
-                                 [trajectories[i] for i in kept], [token_advantages[i] for i in kept], settings,
-                                 token_budget, tokenizer.pad_token_id or 0, correct=correct,
-                                 shuffle_seed=seed * 1_000_003 + step)
+                update, trainer_logprobs = _update(
+                    policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
+                    [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
+                    correct=correct, shuffle_seed=seed * 1_000_003 + step)
             ended = time.perf_counter()
             model.eval()
             overlap_s = feed.timeline.overlap(started, ended, now=ended)
             # synchronous, the weights went to the sampler on leaving _synced_sampler
             feed.trained(step + 1, lambda: _publish(synced, behaviour, model) if settings.max_staleness else None)
 
+            if rollouts_file is not None:
+                _record_rollouts(rollouts_file, step, trajectories, rewards, token_advantages, set(kept),
+                                 {kept[i]: lps for i, lps in trainer_logprobs.items()})
             record = _step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
             record |= group_stats | update | _staleness_metrics(staleness, settings.max_staleness)
             record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
@@ -294,18 +295,26 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 
 
 def _record_rollouts(store: TrajectoryStore, step: int, trajectories: list[Trajectory], rewards: list[float],
-                     token_advantages: list[list[float]], trained: set[int]) -> None:
+                     token_advantages: list[list[float]], trained: set[int],
+                     trainer_logprobs: dict[int, list[float]]) -> None:
     """Append the step's trajectories with what RL made of them: ``rl/step``, ``rl/reward`` (weighted),
-    ``rl/trained`` (1 if the update used it) and ``advantage/<turn>`` (each model turn's advantage). A resumed
-    run skips the ones already there."""
+    ``rl/trained`` (1 if the update used it), ``advantage/<turn>`` (each model turn's advantage) and, where the
+    update computed them, the trainer's logprobs of the model tokens (none for a rollout whose advantage was zero
+    throughout and went through no forward pass; with several processes, those of the main process's passes). A
+    resumed run skips the ones already there."""
     for index, trajectory in enumerate(trajectories):
         if trajectory.id in store.ids:
             continue
+        update: dict[str, Any] = {}
         extra = {"rl/step": float(step + 1), "rl/reward": rewards[index], "rl/trained": float(index in trained)}
         if trajectory.tokens is not None:
             turns = turn_starts(trajectory.tokens.loss_mask)
             extra |= {f"advantage/{turn}": token_advantages[index][start] for turn, start in enumerate(turns)}
-        store.append(trajectory.model_copy(update={"metrics": trajectory.metrics | extra}))
+            if index in trainer_logprobs:
+                update["tokens"] = trajectory.tokens.model_copy(update={"trainer_logprobs": [
+                    lp if bit else None
+                    for lp, bit in zip(trainer_logprobs[index], trajectory.tokens.loss_mask, strict=True)]})
+        store.append(trajectory.model_copy(update=update | {"metrics": trajectory.metrics | extra}))
 
 
 METRIC_NAMES = {
@@ -436,9 +445,10 @@ def _update(
     *,
     correct: bool = False,
     shuffle_seed: int = 0,
-) -> dict[str, float]:
-    """One step's optimizer steps over its rollouts; returns the step's loss statistics and the sampler-trainer
-    mismatch (``mismatch/...``).
+) -> tuple[dict[str, float], dict[int, list[float]]]:
+    """One step's optimizer steps over its rollouts; returns the step's loss statistics with the sampler-trainer
+    mismatch (``mismatch/...``), and the trainer's logprobs of each rollout's completion tokens (by index) as they
+    were before the first optimizer step, for the rollouts this process computed them for.
 
     ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed for
     every rollout first (the "old" policy of the clipped ratio) and each token's loss is weighted by the truncated
@@ -451,7 +461,8 @@ def _update(
     """
     usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
     if not usable:
-        return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0, "trained_sequences": 0}
+        return {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0,
+                "trained_sequences": 0}, {}
     lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in usable}
     trainer_logprobs: dict[int, list[float]] = {}
     mismatch = _MismatchSums()
@@ -488,7 +499,8 @@ def _update(
                 if not weight:  # a pass that only keeps the processes in step
                     continue
                 if not correct and steps == 0:  # the weights that sampled: the mismatch is the engines' difference
-                    mismatch.add(stats.pop("trainer_logprobs"), batch, settings.importance_cap)
+                    mismatch.add(stats["trainer_logprobs"], batch, settings.importance_cap)
+                    trainer_logprobs |= _by_rollout(stats["trainer_logprobs"], batch, chosen, trajectories)
                 for key in totals:
                     totals[key] += stats[key]
                 passes += 1
@@ -506,7 +518,18 @@ def _update(
     # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
     averages = {key: value / max(1, passes) for key, value in totals.items()}
     return (averages | {"loss": totals["loss"] / max(1, steps), "grad_norm": grad_norm / max(1, steps),
-                        "trained_sequences": len(usable) - len(silent)} | mismatch.means())
+                        "trained_sequences": len(usable) - len(silent)} | mismatch.means()), trainer_logprobs
+
+
+def _by_rollout(logprobs: torch.Tensor, batch: dict[str, Any], chosen: list[int],
+                trajectories: list[Trajectory]) -> dict[int, list[float]]:
+    """A packed batch's (B, T - completion_start) logprobs cut back into each rollout's completion tokens."""
+    out = {}
+    for row, index in enumerate(chosen):
+        tokens = trajectories[index].tokens
+        offset = len(tokens.prompt_ids) - batch["completion_start"]
+        out[index] = logprobs[row, offset : offset + len(tokens.completion_ids)].tolist()
+    return out
 
 
 class _MismatchSums:
@@ -563,9 +586,7 @@ def _trainer_logprobs(
             logprobs, _ = _token_logprobs(model, batch["input_ids"], batch["attention_mask"],
                                           batch["completion_start"], settings.temperature)
             mismatch.add(logprobs, batch, settings.importance_cap)
-            for row, (index, trajectory) in enumerate(zip(chosen, rows, strict=True)):
-                offset = len(trajectory.tokens.prompt_ids) - batch["completion_start"]
-                out[index] = logprobs[row, offset : offset + len(trajectory.tokens.completion_ids)].tolist()
+            out |= _by_rollout(logprobs, batch, chosen, trajectories)
     finally:
         model.train(training)
     return out
