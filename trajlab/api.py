@@ -178,6 +178,7 @@ def sft(
     device: str = "auto",
     dtype: str = "auto",
     report_to: Sequence[str] = (),
+    on_progress: Progress | None = None,
     **settings: Any,
 ) -> Path:
     """Fine-tune ``model`` on trajectories (the model's own tokens only); returns ``out/final``.
@@ -192,6 +193,7 @@ def sft(
         parser: the tool-call parser the trajectories were rolled out with (``rollout.parser``), for the guard.
         device, dtype: where training runs and the dtype a model directory is loaded in (``ModelSettings``).
         report_to: experiment trackers that also get the training logs (``out/metrics.jsonl``).
+        on_progress: called with (optimizer steps done, total) after each step, instead of the trainer's own bar.
         **settings: ``SFTSettings`` fields (``epochs``, ``max_steps``, ``learning_rate``, ``lora``...).
     """
     import datasets
@@ -210,7 +212,7 @@ def sft(
                            max_tokens=shaping.max_tokens)
     placed = _model(device, dtype)
     return run_sft(model, loaded, data, out, chosen, seed=seed, resume=resume, device=placed.device,
-                   dtype=placed.dtype, report_to=report_to)
+                   dtype=placed.dtype, report_to=report_to, on_progress=on_progress)
 
 
 def without_drift(

@@ -6,13 +6,31 @@ the console and exit code 1; a wrong combination of options is a usage error, ex
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from trajlab.cli import report, rollouts, serving, setup, training
-from trajlab.cli.common import ErrorsAsMessages
+from trajlab.cli.common import ErrorsAsMessages, usage_error
+from trajlab.cli.output import Verbosity, configure
 
 app = typer.Typer(help="Post-train LLMs to use tools across many turns.", no_args_is_help=True,
                   pretty_exceptions_enable=False, cls=ErrorsAsMessages)
+
+
+@app.callback()
+def main(
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only results, warnings and errors: no progress, no "
+                                        "account of each stage.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug records, the libraries' info records and "
+                                          "progress bars, every warning.")] = False,
+) -> None:
+    """Post-train LLMs to use tools across many turns."""
+    if quiet and verbose:
+        raise usage_error("--quiet and --verbose contradict each other; give one.")
+    configure(Verbosity.QUIET if quiet else Verbosity.VERBOSE if verbose else Verbosity.NORMAL)
+
+
 app.command()(setup.envs)
 app.add_typer(setup.model_app, name="model")
 app.add_typer(setup.config_app, name="config")

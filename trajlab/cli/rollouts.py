@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
+from trajlab.cli.output import progress
 
 EnvOption = Annotated[str | None, typer.Option(
     help="Registered env name or import path 'my_pkg.envs:MyEnv'; several comma-separated names mix envs (tasks "
@@ -43,15 +42,6 @@ def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens,
             "rollout.max_episode_tokens": max_episode_tokens, "rollout.max_new_tokens": max_new_tokens,
             "rollout.tool_timeout_s": tool_timeout, "rollout.system_prompt": system_prompt,
             "rollout.prompt_file": str(prompt_file) if prompt_file else None}
-
-
-@contextmanager
-def progress_bar(label: str):
-    """A progress bar fed by ``on_progress(done, total)``."""
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
-        bar = progress.add_task(label, total=None)
-        yield lambda done, total: progress.update(bar, completed=done, total=total)
 
 
 def collect(
@@ -90,7 +80,7 @@ def collect(
                                              tool_timeout, system_prompt, prompt_file)})
     already: list[int] = []  # the first progress report says how many episodes were on disk
 
-    with progress_bar("collect") as show:
+    with progress("collect") as show:
         def on_progress(done: int, total: int) -> None:
             if not already:
                 already.append(done)
@@ -175,7 +165,7 @@ def eval_run(
         "model.dtype": dtype, "model.backend": backend, "report_to": report_to,
         **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
                    prompt_file)})
-    with progress_bar("eval") as on_progress:
+    with progress("eval") as on_progress:
         report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                               rollout=settings.rollout, label=label, on_progress=on_progress,
                               device=settings.model.device, dtype=settings.model.dtype,

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.text import Text
 
 from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
+from trajlab.cli.output import progress, say
 from trajlab.cli.rollouts import POLICY_HELP, Backend, Device, DType, Tokenizer
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
@@ -91,9 +91,10 @@ def sft(
                                    "model.device": device, "model.dtype": dtype, "report_to": report_to})
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
-    final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
-                    parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
-                    report_to=settings.report_to, **settings.sft.model_dump())
+    with progress("sft") as on_progress:
+        final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
+                        parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
+                        report_to=settings.report_to, on_progress=on_progress, **settings.sft.model_dump())
     console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
 
 
@@ -133,7 +134,7 @@ def rl(
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:
-        console.print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
+        say(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
 
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                    on_step=show, device=settings.model.device, dtype=settings.model.dtype,
@@ -181,20 +182,13 @@ def evolve(
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
     summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
-                         rollout=settings.rollout, seed=settings.seed, log=_gepa_line, device=settings.model.device,
+                         rollout=settings.rollout, seed=settings.seed, log=say, device=settings.model.device,
                          dtype=settings.model.dtype, backend=settings.model.backend, report_to=settings.report_to,
                          **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
                   f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
                   f"(best, #{summary['best_index']}). Wrote {out / 'result'}")
-
-
-def _gepa_line(message: str) -> None:
-    """A GEPA log line on the console, cut to one screen line (whole texts are in gepa.log)."""
-    line = message.strip().splitlines()[0] if message.strip() else ""
-    cut = line if len(line) <= 160 and "\n" not in message.strip() else line[:160] + " [...]"
-    console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", cut), highlight=False)
 
 
 def run(
@@ -213,7 +207,7 @@ def run(
     settings = load(config, sets, {"run_dir": run_dir, "seed": seed, "model.device": device, "model.dtype": dtype,
                                    "report_to": report_to})
     started = time.perf_counter()
-    reports = run_pipeline(settings, log=lambda line: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {line}"))
+    reports = run_pipeline(settings, log=say, progress=progress)
     metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")
     metrics += tuple(f"reward/{name}" for name in ("progress",) if any(name in r.reward_components for r in reports))
     env_label = settings.env if isinstance(settings.env, str) else ",".join(settings.env or [])

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.markup import escape
 from rich.table import Column, Table
+from rich.text import Text
 
 from trajlab.evaluation.metrics import REWARD_PREFIX, EvalReport, check_metric_name, metric_names, metric_value
 
@@ -142,7 +143,9 @@ def results_table(
     headers = [SHORT_HEADERS.get(name, name.removeprefix(REWARD_PREFIX)) for name in columns]
     caption = ", ".join(f"{h} = {n}" for h, n in zip(headers, columns, strict=True) if h != n)
     # fold: a long label like "untrained+evolved" goes on two lines instead of being cut
-    table = Table(Column("run", overflow="fold"), "n", *headers, title=title, caption=caption or None)
+    # the caption is one line however narrow the table: wrapped, it would break a metric name in two
+    table = Table(Column("run", overflow="fold"), "n", *headers, title=title,
+                  caption=Text(caption, no_wrap=True, overflow="ignore") if caption else None, caption_justify="left")
     for report in reports:
         table.add_row(escape(report.label or "-"), str(report.episodes),
                       *(_fmt(name, metric_value(report, name)) for name in columns))

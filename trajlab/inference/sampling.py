@@ -61,8 +61,7 @@ def generation_config(
     explicit = dict(
         do_sample=False,  # SeededDraws makes the argmax a sample
         temperature=1.0,  # applied by sampling_processors, so that scores are what is sampled from
-        top_k=0,
-        top_p=1.0,
+        top_p=1.0,  # top_k stays at its default: inert without do_sample (0 would be warned about as invalid)
         max_length=None,  # not the global 20: generate would warn that it and max_new_tokens are both set
         max_new_tokens=max_new_tokens,
         eos_token_id=list(params.stop_token_ids) or None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,17 @@ from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
 
 Log = Callable[[str], None]
+ProgressFor = Callable[[str], AbstractContextManager[api.Progress | None]]
+"""``progress(label)``: a context that yields the ``on_progress(done, total)`` of one long piece of work."""
 
 
-def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
-    """Run the configured stages in order; returns the evaluation reports, one per ``eval`` stage."""
+def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor | None = None) -> list[EvalReport]:
+    """Run the configured stages in order; returns the evaluation reports, one per ``eval`` stage.
+
+    ``log`` gets a line per finished piece of work (and per RL step, per GEPA message); ``progress`` shows the
+    progress of collection, evaluations and SFT.
+    """
+    progress = progress or (lambda label: nullcontext(None))
     run = Path(config.run_dir)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
@@ -44,12 +52,15 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
     for stage in config.stages:
         started = time.perf_counter()
         if stage == "collect":
-            demos = api.collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
-                                rollout=config.rollout, **_placement(config), **config.collect.model_dump())
+            with progress("collect") as on_progress:
+                demos = api.collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
+                                    rollout=config.rollout, on_progress=on_progress, **_placement(config),
+                                    **config.collect.model_dump())
             rate = sum(t.status == "success" for t in demos) / len(demos)
             log(f"collect: {len(demos)} demonstrations, success rate {rate:.3f}")
         elif stage == "sft":
-            current, label = _sft(config, current, run, log, demos), "sft"
+            with progress("sft") as on_progress:
+                current, label = _sft(config, current, run, log, demos, on_progress), "sft"
         elif stage == "rl":
             current, label = _rl(config, env, current, run, log), "rl"
         elif stage == "evolve":
@@ -57,10 +68,12 @@ def run_pipeline(config: PipelineConfig, log: Log = print) -> list[EvalReport]:
             rollout = config.rollout.model_copy(update={"system_prompt": None, "prompt_file": str(candidate)})
             config, label = config.model_copy(update={"rollout": rollout}), f"{label}+evolved"
         elif stage == "eval":
-            reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
-                                        rollout=config.rollout, rewards=config.rl.rewards, label=label,
-                                        **_placement(config), backend=config.model.backend,
-                                        report_to=config.report_to, **config.eval.model_dump()))
+            with progress(f"eval ({label})") as on_progress:
+                reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
+                                            rollout=config.rollout, rewards=config.rl.rewards, label=label,
+                                            **_placement(config), backend=config.model.backend,
+                                            report_to=config.report_to, on_progress=on_progress,
+                                            **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
@@ -105,14 +118,16 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
         log(f"evolve: already done ({result})")
     else:
         summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
-                             log=lambda line: None, backend=config.model.backend, **_placement(config),
+                             log=lambda message: log(f"evolve: {message}"), backend=config.model.backend,
+                             **_placement(config),
                              report_to=config.report_to, **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
     return result / "best_candidate.json"
 
 
-def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[Trajectory] | None) -> Path:
+def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[Trajectory] | None,
+         on_progress: api.Progress | None) -> Path:
     """SFT on the collect stage's demonstrations in their plan's order (the same data order every run), or, without
     a collect stage in this run, on ``demos.jsonl`` in its file order."""
     final = run / "sft" / "final"
@@ -133,7 +148,7 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
     log(f"sft: {len(dataset)} rows ({len(demos) - len(checked)} of {len(demos)} demonstrations dropped for token "
         "drift)")
     return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
-                   report_to=config.report_to, **config.sft.model_dump())
+                   report_to=config.report_to, on_progress=on_progress, **config.sft.model_dump())
 
 
 def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> Path:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 
@@ -66,6 +66,24 @@ class SFTMetrics(TrainerCallback):
         self.trackers.log(record, step=state.global_step)
 
 
+class StepProgress(TrainerCallback):
+    """The trainer's progress as ``on_progress(step, max_steps)`` after every optimizer step, and each log as one
+    line (the trainer's own bar and printed dicts are off)."""
+
+    def __init__(self, on_progress: Callable[[int, int], None]) -> None:
+        self.on_progress = on_progress
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self.on_progress(state.global_step, state.max_steps)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if state.is_world_process_zero and logs:
+            shown = " ".join(f"{SFT_METRIC_NAMES.get(k, k)} {v:.4g}" for k, v in logs.items() if isinstance(v, float))
+            logger.info("sft step %d/%d: %s", state.global_step, state.max_steps, shown)
+
+
 def training_columns(dataset: Dataset) -> Dataset:
     """Keep what TRL trains on: token columns when present, else the conversation."""
     if "input_ids" in dataset.column_names:
@@ -87,6 +105,7 @@ def run_sft(
     device: str = "auto",
     dtype: str = "auto",
     report_to: Sequence[str] = (),
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
     model directory, LoRA merged).
@@ -94,7 +113,8 @@ def run_sft(
     Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. ``device``
     and ``dtype`` are ``model.device`` / ``model.dtype`` (a directory is loaded in that dtype; on a GPU with
     bfloat16 the trainer computes in bfloat16 autocast). Every log (``SFT_METRIC_NAMES``) goes to
-    ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`).
+    ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`). ``on_progress(step,
+    max_steps)`` replaces the trainer's progress bar and printed logs (:class:`StepProgress`).
     """
     out_dir = Path(out_dir)
     if len(dataset) == 0:
@@ -111,7 +131,7 @@ def run_sft(
         warmup_steps=settings.warmup_steps,
         lr_scheduler_type=settings.lr_scheduler,
         weight_decay=settings.weight_decay,
-        gradient_checkpointing=settings.gradient_checkpointing,
+        activation_checkpointing=settings.gradient_checkpointing,
         logging_steps=settings.logging_steps,
         save_steps=settings.save_steps,
         save_total_limit=2,
@@ -120,7 +140,7 @@ def run_sft(
         max_length=None,
         assistant_only_loss=conversational_rows,
         dataloader_num_workers=0,
-        disable_tqdm=False,
+        disable_tqdm=on_progress is not None,
         # TRL defaults to bf16 autocast, which CPUs here cannot train in: use it only where a GPU supports it.
         use_cpu=where.type == "cpu",
         bf16=where.type == "cuda" and torch.cuda.is_bf16_supported(),
@@ -135,6 +155,9 @@ def run_sft(
         processing_class=tokenizer,
         peft_config=lora_config(settings.lora) if settings.lora else None,
     )
+    if on_progress is not None:
+        trainer.remove_callback(PrinterCallback)  # what disable_tqdm puts in the bar's place: a dict per log
+        trainer.add_callback(StepProgress(on_progress))
     checkpoint = get_last_checkpoint(str(out_dir)) if resume and out_dir.is_dir() else None
     if resume and checkpoint is None:
         logger.info("No checkpoint in %s: starting SFT from the beginning.", out_dir)
