@@ -4,6 +4,7 @@ Each case is a real invocation against real files (a missing one, a broken one),
 port nothing listens on. None may print a traceback.
 """
 
+import json
 import socket
 import subprocess
 import sys
@@ -66,6 +67,12 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                         "'{T}/no-model' does not exist"),
     "serve a missing model": (["serve", "--model", "{T}/no-model"], "'{T}/no-model' does not exist"),
     "model init over files": (["model", "init", "{T}"], "already exists and is not empty; replace it with --overwrite"),
+    "task row without a field": (["collect", *ORACLE, "--tasks", "{T}/short_task.jsonl"],
+                                 "{T}/short_task.jsonl:2: not a arithmetic task: missing field 'answer'"),
+    "task row with a mistyped field": (["collect", *ORACLE, "--tasks", "{T}/typed_task.jsonl"],
+                                       "{T}/typed_task.jsonl:1: not a arithmetic task: field 'a' is a string ('7')"),
+    "export a missing record dir": (["traces", "export", "--tokenizer", "{M}", "--record-dir", "{T}/no-sessions",
+                                     *OUT], "{T}/no-sessions: no such record directory"),
     "evolve with the oracle": (["evolve", "--env", "arithmetic", "--policy", "oracle", "--out", "{T}/evo"],
                                "The oracle cannot reflect: give a reflection LM"),
 }
@@ -89,6 +96,10 @@ def where(tmp_path, tiny_model_dir):
     (tmp_path / "broken.yaml").write_text("env: [arithmetic\nrollout: {\n")
     (tmp_path / "notreport.json").write_text("{}")
     (tmp_path / "notraj.jsonl").write_text("garbage\n")
+    task = {"question": "Compute (7 - 7) * 1.", "a": 7, "b": 7, "c": 1, "ops": ["subtract", "multiply"], "answer": 0}
+    short = {k: v for k, v in task.items() if k != "answer"}
+    (tmp_path / "short_task.jsonl").write_text(json.dumps(task) + "\n" + json.dumps(short) + "\n")
+    (tmp_path / "typed_task.jsonl").write_text(json.dumps(task | {"a": "7"}) + "\n")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,3 +86,35 @@ def test_kill_9_mid_collection_then_resume(tmp_path, tiny_model_dir):
         tokens = trajectory.tokens
         assert len(tokens.completion_ids) == len(tokens.loss_mask) == len(tokens.logprobs)
         assert trajectory.status == "success"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts a small tmpfs: needs root")
+def test_disk_full_mid_collection_is_one_clear_error_and_the_file_stays_valid(tmp_path, tiny_model_dir):
+    """collect into a 192 KiB tmpfs (in a private mount namespace): the disk fills mid-run, the command says so in
+    one line, exit code 1, and the file holds only whole episodes; with room again the same command completes it."""
+    disk, kept = tmp_path / "disk", tmp_path / "kept"
+    disk.mkdir()
+    kept.mkdir()
+    collect = (f"{sys.executable} -m trajlab.cli collect --env arithmetic --policy oracle --tokenizer {tiny_model_dir} "
+               f"--episodes 200 --out {disk}/demos.jsonl")
+    script = f"""
+mount -t tmpfs -o size=192k tmpfs {disk}
+{collect} > {kept}/full.log 2>&1; echo $? > {kept}/full.rc
+cp {disk}/demos.jsonl {kept}/after-full.jsonl
+mount -o remount,size=64m {disk}
+{collect} > {kept}/resumed.log 2>&1; echo $? > {kept}/resumed.rc
+cp {disk}/demos.jsonl {kept}/resumed.jsonl
+"""
+    subprocess.run(["unshare", "--mount", "--propagation", "private", "bash", "-c", script], check=True, timeout=600)
+    log = (kept / "full.log").read_text()
+    assert (kept / "full.rc").read_text().strip() == "1", log
+    assert "Traceback" not in log and log.count("error:") == 1
+    assert "No space left on device" in log and "run the same command again" in log
+    raw = (kept / "after-full.jsonl").read_bytes()
+    assert raw.endswith(b"\n"), "no torn tail"
+    stored = list(read_trajectories(kept / "after-full.jsonl"))
+    assert 10 <= len(stored) < 200 and len(raw) <= 192 * 1024
+    assert (kept / "resumed.rc").read_text().strip() == "0", (kept / "resumed.log").read_text()
+    resumed = list(read_trajectories(kept / "resumed.jsonl"))
+    assert len(resumed) == len({t.id for t in resumed}) == 200
+    assert [t.id for t in resumed[: len(stored)]] == [t.id for t in stored]

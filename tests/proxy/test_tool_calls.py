@@ -163,6 +163,13 @@ BAD_INPUTS = {
     "bad temperature": ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "temperature": -1}).encode(), {},
                         400, None),
     "unknown route": ("/v1/embeddings", json.dumps(GOOD).encode(), {}, 404, None),
+    "number beyond float range": ("/v1/chat/completions", json.dumps(GOOD)[:-1].encode() + b', "x": 1e400}', {}, 400,
+                                  "invalid_json"),
+    "lone UTF-16 surrogate": ("/v1/chat/completions", json.dumps(
+        {**GOOD, "messages": [{"role": "user", "content": "\ud800"}]}).encode(), {}, 400, "invalid_json"),
+    "nesting too deep": ("/v1/chat/completions", b"[" * 3000, {}, 400, "invalid_json"),
+    "denormal temperature": ("/v1/chat/completions", json.dumps({**GOOD, "temperature": 1e-320}).encode(), {}, 400,
+                             None),
 }
 
 

@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 
 from trajlab.config import PipelineConfig, load_config
 
-console = Console()
+console = Console(emoji=False)  # episode ids hold ":train:", which rich would print as an emoji
 
 
 class ErrorsAsMessages(TyperGroup):

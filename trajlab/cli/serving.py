@@ -75,8 +75,8 @@ def traces_export(
 
     rules = [DropRule.parse(rule) for rule in drop_if or []]
     score = load_reward(reward) if reward else None
-    paths = session_files(record_dir, session)
     loaded = load_tokenizer(tokenizer)
+    paths = session_files(record_dir, session)
     summary = export_sessions(paths, out, loaded, resolve_chat_template(loaded), env=env, reward=score,
                               choice=choice, all_choices=all_choices, drop=rules)
     console.print(f"Exported {summary['written']} trajectories to {out} from {summary['sessions']} sessions "

@@ -7,6 +7,7 @@ enforced with an advisory lock.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -53,12 +54,14 @@ class TrajectoryStore:
     """Appends trajectories to a JSONL file; use as a context manager.
 
     Opening repairs a torn last line left by a crash, and ``ids`` holds every episode id already stored, so a
-    resumed collection can skip them.
+    resumed collection can skip them; ``errors`` those of episodes that ended in ``error`` (the machinery failed, not
+    the policy), which a resumed collection runs again (:meth:`remove`).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.ids: set[str] = set()
+        self.errors: set[str] = set()
         self._fd: int | None = None
 
     def __enter__(self) -> TrajectoryStore:
@@ -88,20 +91,70 @@ class TrajectoryStore:
             for number, raw in enumerate(handle, start=1):
                 if not raw.endswith(b"\n"):
                     break
-                self.ids.add(_parse_line(raw, self.path, number).id)
+                trajectory = _parse_line(raw, self.path, number)
+                self.ids.add(trajectory.id)
+                if trajectory.status == "error":
+                    self.errors.add(trajectory.id)
                 complete += len(raw)
         if complete < os.path.getsize(self.path):
             os.truncate(self.path, complete)
 
     def append(self, trajectory: Trajectory) -> None:
-        """Write one trajectory as one line, durably, before returning."""
+        """Write one trajectory as one line, durably, before returning.
+
+        Raises:
+            StoreError: the line could not be written whole (disk full, quota); the file is cut back to the
+                episodes before it, so it stays valid and the same command resumes once there is room.
+        """
         if self._fd is None:
             raise RuntimeError("TrajectoryStore is not open; use it as a context manager")
         if trajectory.id in self.ids:
             raise StoreError(f"episode {trajectory.id!r} is already in {self.path}")
         line = (json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False) + "\n").encode()
-        written = os.write(self._fd, line)
-        if written != len(line):
-            raise OSError(f"short write to {self.path}: {written} of {len(line)} bytes")
-        os.fsync(self._fd)
+        before = os.fstat(self._fd).st_size
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(line)} bytes written)")
+            os.fsync(self._fd)
+        except OSError as exc:
+            os.ftruncate(self._fd, before)  # frees what the partial line took; needs no new space
+            raise StoreError(f"{self.path}: cannot store episode {trajectory.id!r} ({exc.strerror or exc}); the "
+                             f"file keeps its {len(self.ids)} episodes before it. Free some space and run the same "
+                             "command again: it resumes.") from exc
         self.ids.add(trajectory.id)
+        if trajectory.status == "error":
+            self.errors.add(trajectory.id)
+
+    def remove(self, ids: set[str], keep_in: str | Path) -> list[Trajectory]:
+        """Take the trajectories with these ids out of the file, appending them to ``keep_in`` first (so nothing
+        is lost), and return them; a later run can then store those episodes again.
+
+        The file is rewritten beside itself and renamed over the old one (atomic), and the lock moves to it.
+        """
+        if self._fd is None:
+            raise RuntimeError("TrajectoryStore is not open; use it as a context manager")
+        taken, kept = [], []
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                (taken if _parse_line(raw, self.path, number).id in ids else kept).append(raw)
+        if not taken:
+            return []
+        with TrajectoryStore(keep_in) as side:
+            for raw in taken:
+                trajectory = Trajectory.model_validate_json(raw)
+                side.ids.discard(trajectory.id)  # the same episode may have failed in several runs
+                side.append(trajectory)
+        partial = self.path.with_name(self.path.name + ".partial")
+        with open(partial, "wb") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        fd = os.open(partial, os.O_RDWR | os.O_APPEND)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows this file yet
+        os.replace(partial, self.path)
+        os.close(self._fd)
+        self._fd = fd
+        self.ids -= ids
+        self.errors -= ids
+        return [Trajectory.model_validate_json(raw) for raw in taken]

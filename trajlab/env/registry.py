@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -68,6 +69,29 @@ class EnvSpec:
     def make(self) -> Any:
         """A fresh env instance: one per episode, never shared."""
         return self.env_cls()
+
+    def task_check(self) -> Callable[[dict[str, Any]], list[str]]:
+        """A check of given tasks against this env's own: it lists what makes a task unlike them (a field every one
+        of them has that it lacks, a value of another JSON type than theirs). Run before any episode, so a bad row of
+        a tasks file is refused with its line number instead of stored as an ``error`` episode. An env without a
+        task generator has no reference, and nothing is checked."""
+        reference = [] if self.tasks is None else list(itertools.islice(self.iter_tasks(self.splits[0]),
+                                                                         TASK_REFERENCE_SIZE))
+        fields = sorted(set.intersection(*(set(t) for t in reference)) - {"task_id", "env"}) if reference else []
+        kinds = {key: {_json_kind(t[key]) for t in reference} for key in fields}
+
+        def problems(task: dict[str, Any]) -> list[str]:
+            found = []
+            for key in fields:
+                example = reference[0][key]
+                if key not in task:
+                    found.append(f"missing field {key!r} (every {self.name} task has one, e.g. {example!r})")
+                elif len(kinds[key]) == 1 and _json_kind(task[key]) not in kinds[key]:
+                    found.append(f"field {key!r} is a {_json_kind(task[key])} ({task[key]!r}) where {self.name}'s "
+                                 f"tasks have a {_json_kind(example)}, e.g. {example!r}")
+            return found
+
+        return problems
 
     def iter_tasks(self, split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
         if self.tasks is None:
@@ -139,6 +163,18 @@ def _load_entry_point(entry_point: str, name: str) -> EnvSpec:
             raise ValueError(f"'{entry_point}' has no tools: give it at least one public method with type hints.")
         return EnvSpec(name=name, env_cls=target)
     raise ValueError(f"'{entry_point}' is neither an EnvSpec nor an environment class (got {type(target).__name__}).")
+
+
+TASK_REFERENCE_SIZE = 32
+"""How many of an env's own tasks :meth:`EnvSpec.task_problems` compares a given task with."""
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "list", dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def read_tasks_file(path: str | Path) -> list[dict[str, Any]]:

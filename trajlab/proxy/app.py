@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -294,10 +295,43 @@ async def read_body(request: Request, call: CallContext, max_bytes: int) -> Any:
         if len(body) > max_bytes:
             raise _too_large(len(body), max_bytes)
     try:
-        call.body = json.loads(body, parse_constant=_refuse_constant)
+        parsed = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from exc
+    except RecursionError as exc:
+        raise bad_request("malformed JSON body: nested too deeply", code="invalid_json") from exc
+    if surrogate := _lone_surrogate(parsed):
+        raise bad_request(f"malformed JSON body: a string holds a lone UTF-16 surrogate ({surrogate!r}), which is no "
+                          "character", code="invalid_json")
+    call.body = parsed
     return call.body
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one beyond float range (1e400) is refused, not turned into infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is out of range")
+    return value
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string (key or value) holding a lone surrogate (from an escape like \\ud800), which no encoder
+    can write: the record, the tokenizer and the response would all fail on it."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item.encode("utf-8", "backslashreplace").decode("ascii")[:40]
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def _too_large(size: int, limit: int) -> APIError:

@@ -270,9 +270,14 @@ def session_files(record_dir: str | Path, sessions: Iterable[str] | None = None)
     """The session files to export: the named ones, or every ``*.jsonl`` in ``record_dir`` (sorted).
 
     Raises:
+        FileNotFoundError: ``record_dir`` does not exist (exporting nothing from a mistyped path would look like
+            success).
         ValueError: a named session has no file.
     """
     record_dir = Path(record_dir)
+    if not record_dir.is_dir():
+        raise FileNotFoundError(2, "no such record directory (the --record-dir that trajlab serve wrote)",
+                                str(record_dir))
     if not sessions:
         return sorted(record_dir.glob("*.jsonl"))
     paths = [record_dir / f"{s}.jsonl" for s in sessions]

@@ -12,12 +12,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trajlab.chat.parsers import ParsedResponse
 from trajlab.proxy.errors import bad_request
 
 MAX_STOP_STRINGS = 16
+MIN_TEMPERATURE = 1e-4
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -28,6 +29,7 @@ class _Request(BaseModel):
     model: str
     n: int = Field(1, ge=1, le=16)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
+    """0 is greedy; a positive temperature below MIN_TEMPERATURE is refused (logits / 1e-320 overflow)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -37,6 +39,13 @@ class _Request(BaseModel):
     """Seeds the sampling: the same request with the same seed gets the same choices, whatever else is served."""
     return_token_ids: bool = False
     """vLLM's extra field: add ``prompt_token_ids`` and each choice's ``token_ids`` to the response."""
+
+    @field_validator("temperature")
+    @classmethod
+    def _usable_temperature(cls, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got {value!r}")
+        return value
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

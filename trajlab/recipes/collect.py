@@ -1,14 +1,15 @@
 """The collect recipe: roll out a policy on an env's tasks and append the trajectories to a store.
 
-Episode ids are derived from the command (env, split, seed, task, sample, and a hash of a replaced system prompt or
-tool descriptions), so running the same command again after a crash runs only the episodes that are missing and
-ends with exactly the requested number.
+Episode ids are derived from the command (env, split, seed, task id and a hash of the task's content, sample, and a
+hash of a replaced system prompt or tool descriptions), so running the same command again after a crash runs only
+the episodes that are missing, and those that ended in ``error``, and ends with exactly the requested number.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.chat.parsers import get_parser
-from trajlab.data.store import TrajectoryStore, read_trajectories
+from trajlab.data.store import StoreError, TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
@@ -25,8 +26,10 @@ from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import Policy, PolicyLike, load_policy
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import Trajectory, task_hash, task_id
 from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,8 +67,14 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         rows = read_tasks_file(config.tasks_file) if config.tasks is None else config.tasks
         where = config.tasks_file or "tasks"
         tasks = [{"task_id": str(row.get("task_id", f"line{i + 1}")), **row} for i, row in enumerate(rows)]
+        checks: dict[str, Callable[[dict[str, Any]], list[str]]] = {}
         for number, task in enumerate(tasks, start=1):
             _check_env_column(config.env, task, f"{where}:{number}")
+            spec = config.env.spec_for(task) if isinstance(config.env, EnvMixture) else config.env
+            check = checks.setdefault(spec.name, spec.task_check())
+            if problems := check(rows[number - 1]):
+                raise ValueError(f"{where}:{number}: not a {spec.name} task: {'; '.join(problems)}. Fix the row "
+                                 "(or remove it) and run again; nothing was run.")
     else:
         needed = -(-config.episodes // config.samples_per_task)
         tasks = list(itertools.islice(config.env.iter_tasks(config.split, config.seed), needed))
@@ -81,6 +90,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         task = tasks[task_index]
         sample += cycle * config.samples_per_task
         task_key = f"{task[ENV_COLUMN]}/{task_id(task)}" if ENV_COLUMN in task else task_id(task)
+        if "task_id" in task:  # an id given by hand says nothing of the content: an edited task is another one
+            task_key += f"~{task_hash(task)}"
         episode_id = f"{config.env.name}:{config.split}:{config.seed}:{task_key}:{sample}{tag}"
         episodes.append(Episode(id=episode_id, task=task, split=config.split))
     return episodes
@@ -143,14 +154,27 @@ def collect(
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
     with build_engine(config) as engine, TrajectoryStore(config.out) as store:
+        failed = {episode.id for episode in episodes} & store.errors
+        if failed:  # the machinery broke them last time (a server away, a bug since fixed): run them again
+            store.remove(failed, keep_in=errors_file(config.out))
+            logger.info("running again %d episodes that ended in error (their records are kept in %s)",
+                        len(failed), errors_file(config.out))
         todo = [episode for episode in episodes if episode.id not in store.ids]
         done = len(episodes) - len(todo)
         if on_progress:
             on_progress(done, len(episodes))
 
+        refused: list[StoreError] = []  # the first write the store refused (disk full): raised once, the rest wait
+
         def save(trajectory: Trajectory) -> None:
             nonlocal done
-            store.append(trajectory)
+            if refused:
+                return  # not stored: the same command runs it again once there is room
+            try:
+                store.append(trajectory)
+            except StoreError as exc:
+                refused.append(exc)
+                raise
             done += 1
             if on_progress:
                 on_progress(done, len(episodes))
@@ -163,4 +187,11 @@ def collect(
     summary: dict[str, Any] = report.model_dump(include={"episodes", "success_rate", "mean_reward", "mean_turns",
                                                          "tool_error_rate", "parse_error_rate", "statuses"})
     summary["tokens_per_s"] = sum(t.metrics.get("model_tokens", 0.0) for t in new) / elapsed if new else 0.0
+    summary["errors_run_again"] = len(failed)
     return summary
+
+
+def errors_file(out: Path) -> Path:
+    """Where a collection keeps the records of episodes that ended in ``error`` and were run again (one line per
+    failed attempt, so an episode may appear once per run it failed in)."""
+    return out.with_name(out.stem + ".errors.jsonl")

@@ -28,6 +28,13 @@ def task_id(task: dict[str, Any]) -> str:
     return "task-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def task_hash(task: dict[str, Any]) -> str:
+    """Eight hex digits of the task's whole content (JSON with sorted keys): a task edited under the same
+    ``task_id`` gets another hash, so a collection's episode id (which carries it) makes it a new episode."""
+    blob = json.dumps(task, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
 class TokenRecord(BaseModel):
     """Exact tokens of an episode.
 
