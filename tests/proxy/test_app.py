@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 import torch
@@ -170,3 +172,31 @@ def test_completions_endpoint_and_sessions_from_header_and_api_key(hf_server):
     (keyed,) = [path for path in hf_server.records.glob("key-*.jsonl")]
     assert "secret-key-123" not in keyed.read_text()
     assert next(read_session(keyed))["session_source"] == "api_key"
+
+
+def test_a_client_that_disconnects_cancels_its_generation(hf_server):
+    """A long generation whose client goes away stops: the next call is answered at once instead of waiting for
+    it (the hf generator ends abandoned rows), and the abandoned call is recorded as 499."""
+    long_call = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1500, "temperature": 0}
+    api = client(hf_server.url, "full-length")
+    started = time.monotonic()
+    whole = api.completions.create(**long_call)
+    full_s = time.monotonic() - started
+    if whole.usage.completion_tokens < 1500 or full_s < 1.5:
+        pytest.skip(f"the tiny model stopped after {whole.usage.completion_tokens} tokens ({full_s:.1f} s): too "
+                    "short to tell a cancelled generation from a finished one")
+    host, port = hf_server.url.removeprefix("http://").split(":")
+    body = json.dumps(long_call).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /sessions/gone/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(0.3)  # generating by now
+    started = time.monotonic()
+    client(hf_server.url, "next").completions.create(model=MODEL, prompt=[5, 6], max_tokens=4, temperature=0)
+    next_s = time.monotonic() - started
+    assert next_s < full_s / 3, f"the next call waited {next_s:.1f} s; a whole generation takes {full_s:.1f} s"
+    deadline = time.monotonic() + 10
+    while not (hf_server.records / "gone.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (record,) = records(hf_server, "gone")
+    assert record["status"] == 499 and record["error"]["type"] == "client_closed_request"

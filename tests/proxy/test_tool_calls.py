@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -216,3 +218,29 @@ def test_a_failing_backend_gives_a_500_in_openai_format_and_is_recorded(fake_ser
             assert status == 500 and error["error"]["type"] == "server_error"
             assert "the backend failed" in error["error"]["message"]
     assert [r["status"] for r in read_session(tmp_path / "crash.jsonl")] == [500, 500]
+
+
+def test_a_body_shorter_than_its_content_length_gets_408_and_is_recorded(fake_server, tmp_path):
+    """A client that promises 100 bytes and sends 10 would hold its connection forever: after body_timeout_s it
+    gets an OpenAI-format 408, and the refused call is in its session's record."""
+    limits = ServeLimits(max_context=256, max_body_bytes=4096, body_timeout_s=0.5)
+    with fake_server(limits=limits) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /sessions/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n" + b'{"model": ')
+            started = time.monotonic()
+            reply = b""
+            while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+                piece = sock.recv(4096)
+                if not piece:
+                    break
+                reply += piece
+        waited = time.monotonic() - started
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+        assert 0.4 < waited < 5
+        ok, answer = post(url, "/v1/chat/completions", json.dumps(GOOD).encode())
+        assert ok == 200
+    (record,) = [json.loads(line) for line in (tmp_path / "slow.jsonl").open()]
+    assert record["status"] == 408

@@ -14,10 +14,19 @@ import concurrent.futures
 import inspect
 import os
 import statistics
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf_states import (
@@ -39,6 +48,18 @@ MIN_SHARED_PREFIX = 16
 class _Pending:
     request: GenerationRequest
     future: asyncio.Future[GenerationResult]
+    abandoned: threading.Event = field(default_factory=threading.Event)
+    """Set when the awaiting task is cancelled (a client that went away): its row stops generating."""
+
+
+class _StopAbandoned(StoppingCriteria):
+    """Ends the rows whose request nobody waits for any more; generate stops when every row has ended."""
+
+    def __init__(self, abandoned: list[threading.Event]) -> None:
+        self.abandoned = abandoned
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.tensor([event.is_set() for event in self.abandoned], device=input_ids.device)
 
 
 class HFGenerator:
@@ -100,10 +121,16 @@ class HFGenerator:
             self._worker = None
         if self._worker is None or self._worker.done():
             self._worker = loop.create_task(self._serve())
-        future: asyncio.Future[GenerationResult] = loop.create_future()
-        self._queue.append(_Pending(request, future))
+        pending = _Pending(request, loop.create_future())
+        self._queue.append(pending)
         self._wakeup.set()
-        return await future
+        try:
+            return await pending.future
+        except asyncio.CancelledError:  # nobody wants the result: do not generate it (any further)
+            pending.abandoned.set()
+            if pending in self._queue:
+                self._queue.remove(pending)
+            raise
 
     async def _serve(self) -> None:
         while True:
@@ -113,7 +140,7 @@ class HFGenerator:
                 batch = self._take_batch()
                 try:
                     results = await asyncio.get_running_loop().run_in_executor(
-                        self._compute, self._generate_batch, [p.request for p in batch])
+                        self._compute, self._generate_batch, [p.request for p in batch], [p.abandoned for p in batch])
                 except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
                     for pending in batch:
                         if not pending.future.done():
@@ -142,7 +169,8 @@ class HFGenerator:
         return batch
 
     @torch.inference_mode()
-    def _generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def _generate_batch(self, requests: list[GenerationRequest],
+                        abandoned: list[threading.Event] | None = None) -> list[GenerationResult]:
         params = requests[0].params
         max_new_tokens = max(r.params.max_new_tokens for r in requests)
         prompts = [r.prompt_ids for r in requests]
@@ -162,6 +190,7 @@ class HFGenerator:
             generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
                                                 return_dict_in_generate=True),
             logits_processor=LogitsProcessorList(processors),
+            stopping_criteria=StoppingCriteriaList([_StopAbandoned(abandoned)] if abandoned else []),
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
         logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)

@@ -8,6 +8,7 @@ malformed JSON gets an OpenAI-format 400 like every other bad input.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -15,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -57,6 +58,9 @@ class ServeLimits:
     """Prompt plus completion tokens; longer prompts get 400 ``context_length_exceeded``."""
     default_max_tokens: int = 1024
     """Completion tokens when a chat request sets no ``max_tokens`` (never more than the context has left)."""
+    body_timeout_s: float = 30.0
+    """A body not received whole within this time gets 408 (a client that sends less than its Content-Length
+    would otherwise hold its connection and task forever)."""
 
 
 @dataclass
@@ -70,6 +74,8 @@ class CallContext:
     started: float
     body: Any = None
     model: str = ""
+    body_read: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the whole body is in: from then on a message from the client can only be its disconnect."""
 
     def record(self, model: str, **fields: Any) -> dict[str, Any]:
         return {"schema": RECORD_SCHEMA, "session_id": self.session, "session_source": self.source,
@@ -118,7 +124,7 @@ def create_app(
         return requested if requested is not None else min(default, room)
 
     async def chat_work(request: Request, call: CallContext):
-        req = parse_request(ChatCompletionRequest, await read_body(request, call, limits.max_body_bytes))
+        req = parse_request(ChatCompletionRequest, await read_body(request, call, limits))
         check_model(req.model)
         tools = validate_tools(req.tools)
         parse_tools = parse_tool_choice(req.tool_choice, bool(tools))
@@ -150,7 +156,7 @@ def create_app(
         return response, fields, stream
 
     async def completion_work(request: Request, call: CallContext):
-        req = parse_request(CompletionRequest, await read_body(request, call, limits.max_body_bytes))
+        req = parse_request(CompletionRequest, await read_body(request, call, limits))
         check_model(req.model)
         if req.echo or req.suffix is not None or (req.best_of is not None and req.best_of != req.n):
             raise bad_request("echo, suffix and best_of are not supported", param="echo")
@@ -223,7 +229,12 @@ def openai_app(
         prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
         call = CallContext(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
         try:
-            response, fields, stream = await work(request, call)
+            response, fields, stream = await _unless_disconnected(request, call, work(request, call))
+        except ClientGone:
+            gone = APIError(499, "the client disconnected before the response; its generation was cancelled",
+                            type="client_closed_request")
+            await _record(call.record(call.model or model_name, status=499, error=gone.body()["error"]))
+            return Response(status_code=499)  # nobody reads it
         except APIError as exc:
             await _record(call.record(call.model or model_name, status=exc.status, error=exc.body()["error"]))
             raise
@@ -284,16 +295,51 @@ def openai_app(
     return app
 
 
-async def read_body(request: Request, call: CallContext, max_bytes: int) -> Any:
-    """The decoded JSON body, kept on ``call`` for its record; 413 past ``max_bytes``, 400 when malformed."""
+class ClientGone(Exception):
+    """The client closed its connection while its call was being answered."""
+
+
+async def _unless_disconnected(request: Request, call: CallContext, work: Awaitable[Any]) -> Any:
+    """``work``'s result, or :class:`ClientGone` as soon as the client disconnects, with ``work`` cancelled (the
+    generator stops its rows). Listening starts once the body is read, since both take the request's messages."""
+    answer = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        await call.body_read.wait()
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({answer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not answer.done():
+        answer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await answer
+        raise ClientGone
+    return answer.result()
+
+
+async def read_body(request: Request, call: CallContext, limits: ServeLimits) -> Any:
+    """The decoded JSON body, kept on ``call`` for its record; 413 past ``max_body_bytes``, 408 when it does not
+    arrive within ``body_timeout_s``, 400 when malformed."""
+    max_bytes = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(int(declared), max_bytes)
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > max_bytes:
-            raise _too_large(len(body), max_bytes)
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for piece in request.stream():
+                body += piece
+                if len(body) > max_bytes:
+                    raise _too_large(len(body), max_bytes)
+    except TimeoutError as exc:
+        raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s ({len(body)} bytes "
+                       "received)", code="request_timeout") from exc
+    call.body_read.set()
     try:
         parsed = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as exc:

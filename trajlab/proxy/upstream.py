@@ -73,7 +73,7 @@ def create_upstream_app(
     limits = limits or ServeLimits()
 
     async def request_body(request: Request, call: CallContext) -> dict[str, Any]:
-        body = await read_body(request, call, limits.max_body_bytes)
+        body = await read_body(request, call, limits)
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         if not isinstance(body.get("model"), str):
