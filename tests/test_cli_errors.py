@@ -57,6 +57,10 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                     "{T}/missing.jsonl: no such trajectory file"),
     "dataset from a file that is not trajectories": (
         ["dataset", "--kind", "sft", "--from", "{T}/notraj.jsonl", "--out", "{T}/d.jsonl"], "{T}/notraj.jsonl:1"),
+    "dataset from an empty file": (["dataset", "--kind", "sft", "--from", "{T}/empty.jsonl", "--out", "{T}/d.jsonl"],
+                                   "no trajectories in {T}/empty.jsonl"),
+    "collect into a file that is not trajectories": (["collect", *ORACLE[:-2], "--out", "{T}/notes.txt"],
+                                                      "{T}/notes.txt:1: not a trajectory line"),
     "compare a missing report": (["eval", "compare", "{T}/missing.json", "{T}/notreport.json"],
                                  "no such eval report (write one with `trajlab eval`)"),
     "compare a file that is no report": (["eval", "compare", "{T}/notreport.json", "{T}/notreport.json"],
@@ -96,6 +100,8 @@ def where(tmp_path, tiny_model_dir):
     (tmp_path / "broken.yaml").write_text("env: [arithmetic\nrollout: {\n")
     (tmp_path / "notreport.json").write_text("{}")
     (tmp_path / "notraj.jsonl").write_text("garbage\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "notes.txt").write_text("notes without a newline at the end")
     task = {"question": "Compute (7 - 7) * 1.", "a": 7, "b": 7, "c": 1, "ops": ["subtract", "multiply"], "answer": 0}
     short = {k: v for k, v in task.items() if k != "answer"}
     (tmp_path / "short_task.jsonl").write_text(json.dumps(task) + "\n" + json.dumps(short) + "\n")

@@ -118,3 +118,16 @@ cp {disk}/demos.jsonl {kept}/resumed.jsonl
     resumed = list(read_trajectories(kept / "resumed.jsonl"))
     assert len(resumed) == len({t.id for t in resumed}) == 200
     assert [t.id for t in resumed[: len(stored)]] == [t.id for t in stored]
+
+
+def test_a_file_that_is_not_trajectories_is_refused_not_repaired(tmp_path):
+    """A last line without a newline is cut only when it is the torn start of a record: a text file that happens to
+    end without a newline is no torn write, and opening it as a store must not truncate it."""
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes, no newline at the end")
+    for _ in range(2):  # the second time it says the same, not "being written by another process": no lock kept
+        with pytest.raises(StoreError, match="notes.txt:1: not a trajectory line"):
+            TrajectoryStore(path).__enter__()
+    with pytest.raises(StoreError, match="not a trajectory line"):
+        list(read_trajectories(path))
+    assert path.read_text() == "my notes, no newline at the end"

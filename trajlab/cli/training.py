@@ -36,6 +36,9 @@ def dataset(
     if kind != "sft" and (include_failures or shortest_per_task or max_tokens is not None):
         raise usage_error("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
     trajectories = [t for source in sources for t in read_trajectories(source)]
+    if not trajectories:
+        raise ValueError(f"no trajectories in {', '.join(map(str, sources))}: nothing to build a dataset from "
+                         "(collect some with `trajlab collect`)")
     if kind == "sft":
         built = sft_dataset(trajectories, include_failures=include_failures, shortest_per_task=shortest_per_task,
                             max_tokens=max_tokens)

@@ -37,8 +37,17 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.endswith(b"\n"):
+                _check_torn_tail(raw, path, number)
                 return
             yield _parse_line(raw, path, number)
+
+
+def _check_torn_tail(raw: bytes, path: str | Path, number: int) -> None:
+    """A last line without a newline is a torn write only if it is the start of a record; anything else means the
+    file is not a trajectory file, and repairing it would destroy it."""
+    if not raw.lstrip().startswith(b"{"):
+        raise StoreError(f"{path}:{number}: not a trajectory line (nor the torn start of one): is this a trajectory "
+                         "file (JSONL, as `trajlab collect` writes)?")
 
 
 def _parse_line(raw: bytes, path: str | Path, number: int) -> Trajectory:
@@ -75,7 +84,11 @@ class TrajectoryStore:
             raise StoreError(
                 f"{self.path} is being written by another process; wait for it or use another --out."
             ) from exc
-        self._repair_and_index()
+        try:
+            self._repair_and_index()
+        except StoreError:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(
@@ -90,6 +103,7 @@ class TrajectoryStore:
         with open(self.path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.endswith(b"\n"):
+                    _check_torn_tail(raw, self.path, number)
                     break
                 trajectory = _parse_line(raw, self.path, number)
                 self.ids.add(trajectory.id)
