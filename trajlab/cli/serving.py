@@ -28,6 +28,10 @@ def serve(
     parser: Parser = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Most generations batched together.")] = 32,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 4 << 20,
+    body_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request body may take to arrive; then "
+                                                "408.")] = 30.0,
+    prefix_cache_mb: Annotated[int, typer.Option(min=0, help="Memory (MiB) for key/value states kept between a "
+                                                 "session's calls (hf backend); bounds the server's memory.")] = 1024,
     device: Device = None,
     dtype: DType = None,
     backend: Backend = None,
@@ -44,7 +48,8 @@ def serve(
     placed = load(None, None, {"model.device": device, "model.dtype": dtype, "model.backend": backend}).model
     config = ServeConfig(model=model, upstream=upstream, served_model_name=served_model_name, record_dir=record_dir,
                          parser=parser or RolloutSettings().parser, max_batch_size=max_batch_size,
-                         max_body_bytes=max_body_bytes, device=placed.device, dtype=placed.dtype,
+                         max_body_bytes=max_body_bytes, body_timeout_s=body_timeout,
+                         prefix_cache_bytes=prefix_cache_mb << 20, device=placed.device, dtype=placed.dtype,
                          backend=placed.backend)
     server_app = build_app(config)
     console.print(f"Serving {model or upstream} on http://{host}:{port}/v1; recording sessions to {record_dir}/")

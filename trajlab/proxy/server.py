@@ -31,6 +31,10 @@ class ServeConfig:
     parser: str = "auto"
     max_batch_size: int = 32
     max_body_bytes: int = 4 << 20
+    body_timeout_s: float = 30.0
+    prefix_cache_bytes: int = 1 << 30
+    """The hf generator's memory for key/value states kept between a session's calls (least recently used dropped
+    first): with the model's weights, what bounds the server's memory."""
     device: str = "auto"
     """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.load_model`)."""
     dtype: str = "auto"
@@ -55,7 +59,7 @@ def build_app(config: ServeConfig) -> FastAPI:
         if not is_server_url(config.upstream):
             raise ValueError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8001/v1, not "
                              f"{config.upstream!r}")
-        limits = ServeLimits(max_body_bytes=config.max_body_bytes)
+        limits = ServeLimits(max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s)
         return create_upstream_app(UpstreamBackend(config.upstream), SessionRecorder(config.record_dir), limits)
     tokenizer = load_tokenizer(config.model)
     template = resolve_chat_template(tokenizer)
@@ -63,7 +67,8 @@ def build_app(config: ServeConfig) -> FastAPI:
     name = config.served_model_name or Path(config.model).resolve().name
     generator, model_config = _generator(config, tokenizer, name)
     context = int(getattr(model_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-    limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context)
+    limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context,
+                         body_timeout_s=config.body_timeout_s)
     return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)
 
 
@@ -76,4 +81,5 @@ def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: st
                                   engine_args=None if config.dtype == "auto" else {"dtype": config.dtype})
         return generator, AutoConfig.from_pretrained(config.model, local_files_only=True)
     model = load_model(config.model, device=config.device, dtype=config.dtype)
-    return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name), model.config
+    return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name,
+                       prefix_cache_bytes=config.prefix_cache_bytes), model.config
