@@ -74,6 +74,7 @@ def disconnect(host: str, port: int) -> None:
 
 
 def one_call(base: str, host: str, port: int, rng: random.Random, sessions: dict[str, list[dict]]) -> str:
+    """One call of a random kind; returns the kind (with the status for a hostile call)."""
     kind = rng.choices(["session", "fresh", "hostile", "disconnect"], weights=[55, 30, 12, 3])[0]
     if kind == "session":
         name = f"s{rng.randrange(40)}"
@@ -86,7 +87,7 @@ def one_call(base: str, host: str, port: int, rng: random.Random, sessions: dict
         chat(base, f"f{rng.randrange(10**9)}", [{"role": "user", "content": " ".join(rng.choices(WORDS, k=40))}],
              16)
     elif kind == "hostile":
-        post(f"{base}/v1/chat/completions", rng.choice(HOSTILE))
+        return f"hostile {post(f'{base}/v1/chat/completions', rng.choice(HOSTILE))}"
     else:
         disconnect(host, port)
     return kind
