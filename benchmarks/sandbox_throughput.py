@@ -1,8 +1,9 @@
 """Isolated tool executions per second through the sandbox, against plain ``subprocess.run`` in the same run.
 
 Short shell tool calls run on a thread pool, as concurrent episodes would issue them: once through plain
-``subprocess.run`` (no isolation: the baseline), once through a fresh :class:`Sandbox` per execution (directory and
-uid set up and torn down each time) and once through one reused sandbox per worker (an episode's later turns).
+``subprocess.run`` (no isolation: the baseline), once through a fresh :class:`Sandbox` per execution (directory,
+uid, tmpfs and cgroups set up and torn down each time), once through one reused sandbox per worker (an episode's later
+turns), and once more reused with bubblewrap turned off (the fallback chain), to show what bubblewrap costs.
 
     .venv/bin/python benchmarks/sandbox_throughput.py --executions 200 --workers 8
 """
@@ -37,13 +38,14 @@ def fresh_sandbox(command: str) -> str:
 class ReusedSandboxes:
     """One sandbox per worker thread, kept for every execution that thread runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, use_bubblewrap: bool = True) -> None:
+        self._use_bubblewrap = use_bubblewrap
         self._local = threading.local()
         self._all: list[Sandbox] = []
 
     def __call__(self, command: str) -> str:
         if not hasattr(self._local, "box"):
-            self._local.box = Sandbox(LIMITS)
+            self._local.box = Sandbox(LIMITS, use_bubblewrap=self._use_bubblewrap)
             self._all.append(self._local.box)
         return self._local.box.run(command).stdout
 
@@ -77,15 +79,17 @@ def main() -> None:
     print(f"protections: {dataclasses.asdict(probe_protections())}")
     print(f"{args.executions} executions, {args.workers} workers, commands: {COMMANDS}")
 
-    reused = ReusedSandboxes()
+    reused, chain = ReusedSandboxes(), ReusedSandboxes(use_bubblewrap=False)
     try:
         results = {
             "plain subprocess.run": throughput(plain, args.executions, args.workers),
             "sandbox, fresh per execution": throughput(fresh_sandbox, args.executions, args.workers),
             "sandbox, reused per worker": throughput(reused, args.executions, args.workers),
+            "reused, fallback chain": throughput(chain, args.executions, args.workers),
         }
     finally:
         reused.cleanup()
+        chain.cleanup()
     baseline = results["plain subprocess.run"]
     for name, rate in results.items():
         print(f"{name:30s} {rate:8.1f} executions/s  ({rate / baseline:.2f}x plain)")

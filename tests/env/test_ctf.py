@@ -203,7 +203,9 @@ def test_an_adversarial_episode_scores_nothing_and_leaves_the_host_alone(tiny_to
     seen = dict(zip(commands, replies, strict=False))
     uid = seen["secrets"].split()[0]
     assert not any(secret in reply for reply in replies)
-    if PROTECTIONS.private_uid:
+    if PROTECTIONS.bubblewrap:  # the host's processes are not in the sandbox's process namespace at all
+        assert int(uid) != os.getuid() and seen["host environ"].count("No such file") == 2
+    elif PROTECTIONS.private_uid:
         assert int(uid) != os.getuid() and seen["host environ"].count("Permission denied") == 3
     if PROTECTIONS.network_namespace:
         assert "unreachable" in seen["socket"].lower() and "exit code 1" in seen["socket"]
@@ -246,7 +248,10 @@ def test_concurrent_episodes_cannot_read_or_touch_each_others_files():
     assert sandbox_dir(second) != Path(home)
     peek = second.run(f"cat {home}/{path}; ls -la {home}; find {home}; echo x > {home}/planted")
     assert flag not in peek
-    if PROTECTIONS.private_uid:
+    if PROTECTIONS.bubblewrap:  # another episode's directory is not in this sandbox's view at all
+        assert f"cat: {home}/{path}: No such file or directory" in peek
+        assert first.run("ls planted").endswith("[exit code 2]")
+    elif PROTECTIONS.private_uid:
         assert "Permission denied" in peek
         assert first.run("ls planted").endswith("[exit code 2]")
     assert first.submit_flag(flag).startswith("Correct") and second.submit_flag(flag).startswith("Wrong")

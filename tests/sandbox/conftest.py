@@ -1,4 +1,4 @@
-"""The sandbox fixture: one fresh sandbox with fast limits per test."""
+"""The sandbox fixture: one fresh sandbox with fast limits per test, in each mode this machine supports."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sandbox.helpers import FAST
+from tests.sandbox.helpers import FAST, MODES
 from trajlab.sandbox import Sandbox
 
 
-@pytest.fixture
-def sandbox() -> Iterator[Sandbox]:
-    with Sandbox(FAST) as box:
+@pytest.fixture(params=MODES)
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    with Sandbox(FAST, use_bubblewrap=request.param) as box:
         yield box

@@ -1,16 +1,15 @@
-"""The disk quota (as root): a sandbox directory that is a size-capped tmpfs, also the command's /tmp.
+"""The disk quota (as root): a sandbox directory that is a tmpfs capped in bytes and inodes, also the command's /tmp.
 
 Why: a file size rlimit caps one file, not a loop of files. As root, the sandbox directory is a tmpfs of
-``disk_bytes``, and each command runs in its own mount namespace where that tmpfs stands in for /tmp, /var/tmp,
-/dev/shm and /run/lock: everything a command can write lives inside the cap, so it cannot fill the host's disk or
-memory, nor meet another sandbox's files in /tmp.
+``disk_bytes`` and ``inodes``, and each command sees it in place of /tmp, /var/tmp and /dev/shm (bubblewrap binds
+it there; without bubblewrap, a mount namespace also covers /run/lock): everything a command can write lives inside
+the cap, so it cannot fill the host's disk or memory, nor meet another sandbox's files in /tmp.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +34,9 @@ def mount_base_dir() -> str:
     return MOUNT_BASE_DIR
 
 
-def mount_tmpfs(path: str | Path, *, size: int) -> bool:
+def mount_tmpfs(path: str | Path, *, size: int, inodes: int) -> bool:
     """Mount a root-owned tmpfs that others may traverse but not list; the sandbox owns the directories in it."""
-    options = f"size={size},mode=0711,uid=0,gid=0,nosuid,nodev"
+    options = f"size={size},nr_inodes={inodes},mode=0711,uid=0,gid=0,nosuid,nodev"
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "trajlab-sandbox", str(path)],
                           capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
     return done.returncode == 0
@@ -71,19 +70,11 @@ def fstab(source: Path, targets: Sequence[str]) -> str:
 
 
 def mount_namespace_prefix(unshare: str, fstab_file: Path, *, network: bool) -> list[str]:
-    """argv that runs the rest in new mount (and network) namespaces, as root, with the fstab's binds in place."""
+    """argv that runs the rest in new mount, IPC (and network) namespaces, as root, with the fstab's binds in place."""
     net = ["--net"] if network else []
-    return [unshare, "--mount", *net, "--", SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab_file)]
+    return [unshare, "--mount", "--ipc", *net, "--", SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab_file)]
 
 
 def unmount(path: str | Path) -> None:
     """Detach a sandbox's tmpfs; lazily, so that a process still holding it open cannot make cleanup fail."""
     subprocess.run(["umount", "--lazy", str(path)], capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
-
-
-def remove_stale_mount(root: str) -> None:
-    """Unmount and delete the tmpfs sandbox a crashed process left behind (recorded in its uid's lease file)."""
-    path = Path(root)
-    if root and path.parent == Path(MOUNT_BASE_DIR) and path.name.startswith("trajlab-sandbox-") and path.is_dir():
-        unmount(path)
-        shutil.rmtree(path, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajlab.errors import InfrastructureError
+from trajlab.errors import InfrastructureError, UserError
 
 
 class SandboxError(InfrastructureError):
@@ -12,3 +12,8 @@ class SandboxError(InfrastructureError):
 
 class SandboxPathError(ValueError):
     """A path given to :meth:`Sandbox.write_file` / :meth:`Sandbox.read_file` would leave the sandbox directory."""
+
+
+class MissingProtection(UserError):
+    """An env that runs model-written code refuses a sandbox weaker than it needs; the message says what to install
+    and how to opt out. A user's error: retrying cannot fix it."""

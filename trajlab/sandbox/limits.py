@@ -18,7 +18,8 @@ HELPER_TIMEOUT_S = 10.0
 
 @dataclasses.dataclass(frozen=True)
 class SandboxLimits:
-    """Per-command resource limits. CPU, memory, file size and open files are per process."""
+    """Resource limits. CPU, memory, file size and open files are per process; processes are per command, or per
+    sandbox where Protections.cgroup_limits; disk, inodes and total memory are per sandbox."""
 
     cpu_seconds: int = 10
     memory_bytes: int = 1 << 30  # RLIMIT_AS: virtual address space
@@ -28,6 +29,8 @@ class SandboxLimits:
     wall_timeout_s: float = 30.0
     max_output_bytes: int = 1 << 20  # kept of stdout and of stderr each; the command is stopped beyond it
     disk_bytes: int = 256 << 20  # all files of the sandbox together, where Protections.disk_quota (tmpfs: RAM)
+    inodes: int = 65_536  # files and directories of the sandbox together, where Protections.inode_quota
+    total_memory_bytes: int = 2 << 30  # all processes (and tmpfs pages) together, where Protections.cgroup_limits
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

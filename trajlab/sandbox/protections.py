@@ -1,11 +1,11 @@
-"""Which protections this machine gives sandboxed commands, probed once per process; network isolation among them.
+"""Which protections this machine gives sandboxed commands, probed once per process, and the check envs make.
 
-Why: a private uid, a network namespace and a disk quota each depend on the host (root or not, user namespaces
-allowed or not, util-linux tools present). Each is probed by running a no-op command under it; the sandbox then
-applies what works and still runs, with fewer protections, where some are missing.
-
-Network isolation is a fresh network namespace holding only a down loopback interface: ``unshare --net``, or, where
-the host cannot create one directly (not root), the same inside a user namespace (``--map-current-user``).
+Why: bubblewrap, a private uid, cgroups and a disk quota each depend on the host (root or not, user namespaces
+allowed or not, tools installed). Each is probed by running a no-op command under it; the sandbox applies what works.
+Where bubblewrap is missing, the fallback is util-linux's chain: ``unshare --net`` for a network namespace (inside a
+user namespace, ``--map-current-user``, where the host cannot create one directly) and, as root, a mount namespace
+for the private /tmp. Envs that run model-written code call :func:`require_strong_isolation`, which refuses to go on
+with a weaker sandbox unless the user opted out with ``TRAJLAB_SANDBOX_ALLOW_WEAK=1``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trajlab.sandbox import cgroups
+from trajlab.sandbox.bwrap import bwrap_argv
 from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
-from trajlab.sandbox.errors import SandboxError
+from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL
 from trajlab.sandbox.uids import SANDBOX_UID_RANGE, identity_prefix
 
@@ -41,13 +43,30 @@ class Protections:
     process_cap: bool
     #: setuid binaries cannot raise privileges (setpriv --no-new-privs).
     no_new_privs: bool
-    #: Commands see only a down loopback interface: no network at all.
+    #: Commands see only a loopback interface of their own: no network at all. They also get their own IPC
+    #: namespace, so SysV and POSIX IPC objects die with the command.
     network_namespace: bool
     #: The network namespace sits in a user namespace, because the host cannot create one directly.
     user_namespace: bool
     #: The sandbox directory is a tmpfs of ``disk_bytes``, and commands see it in place of /tmp, /var/tmp, /dev/shm
-    #: and /run/lock: their files cannot fill the host's disk or memory, nor meet another sandbox's in /tmp.
+    #: (and /run/lock): their files cannot fill the host's disk or memory, nor meet another sandbox's in /tmp.
     disk_quota: bool = False
+    #: That tmpfs also caps the number of files and directories (``inodes``).
+    inode_quota: bool = False
+    #: Commands run under bubblewrap: their own user, PID, IPC, network, UTS, cgroup and mount namespaces, no nested
+    #: user namespaces, a read-only system, the host's processes, files and unix sockets out of sight, and nothing
+    #: they start outlives them. Without root, /tmp, /var/tmp and /dev/shm are each a fresh tmpfs of ``disk_bytes``.
+    bubblewrap: bool = False
+    #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
+    cgroup_limits: bool = False
+
+    def missing_for_strong_isolation(self) -> list[str]:
+        """The protections an env running model-written code needs that this machine lacks, each with its fix."""
+        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_sandbox.sh as root)"}
+        if os.geteuid() == 0:
+            needed |= {"private_uid": "setpriv (util-linux) must switch to uids in SANDBOX_UID_RANGE",
+                       "disk_quota": "root must be able to mount a tmpfs (not possible in this container)"}
+        return [f"{name}: {fix}" for name, fix in needed.items() if not getattr(self, name)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +78,11 @@ class Platform:
     net_prefix: tuple[str, ...]
     protections: Protections
     unshare: str | None = None
+    bwrap: str | None = None  # set when commands run under bubblewrap
+
+
+#: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
+ALLOW_WEAK_ENV = "TRAJLAB_SANDBOX_ALLOW_WEAK"
 
 
 def probe_protections() -> Protections:
@@ -66,36 +90,74 @@ def probe_protections() -> Protections:
     return host_platform().protections
 
 
+def require_strong_isolation(who: str, *, allow_weak: bool | None = None) -> None:
+    """Refuse to run ``who`` (an env running model-written code) with a sandbox weaker than this machine should give.
+
+    Args:
+        who: what needs the isolation, for the message, e.g. ``"the ctf env"``.
+        allow_weak: run anyway with what there is; None reads the ``TRAJLAB_SANDBOX_ALLOW_WEAK=1`` setting.
+
+    Raises:
+        MissingProtection: a needed protection is missing and the user did not opt out; the message says what to
+            install and how to opt out.
+    """
+    if allow_weak is None:
+        allow_weak = os.environ.get(ALLOW_WEAK_ENV, "") == "1"
+    missing = probe_protections().missing_for_strong_isolation()
+    if missing and not allow_weak:
+        raise MissingProtection(
+            f"{who} runs model-written commands and needs a strongly isolated sandbox, but this machine lacks: "
+            f"{'; '.join(missing)}. Fix that, or set {ALLOW_WEAK_ENV}=1 to run with the weaker sandbox "
+            f"(probe_protections() lists what it still gives).")
+
+
 @functools.cache
-def host_platform() -> Platform:
-    """Probe the host once: which tools exist and which protections work with them."""
+def host_platform(use_bubblewrap: bool = True) -> Platform:
+    """Probe the host once: which tools exist and which protections work with them.
+
+    Args:
+        use_bubblewrap: False probes the fallback chain even where bubblewrap works (for tests and comparisons).
+    """
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         raise SandboxError("the sandbox needs util-linux's prlimit to apply resource limits")
     setpriv = shutil.which("setpriv")
+    root = os.geteuid() == 0
     probe_uid = SANDBOX_UID_RANGE[0]
-    private_uid = os.geteuid() == 0 and setpriv is not None and _works(identity_prefix(setpriv, probe_uid))
+    private_uid = root and setpriv is not None and _works(identity_prefix(setpriv, probe_uid))
     identity = identity_prefix(setpriv, probe_uid if private_uid else None)
-    net_prefix = next((prefix for prefix in _net_prefixes() if _works([*prefix, *identity])), ())
+    bwrap = shutil.which("bwrap") if use_bubblewrap else None
+    if bwrap is not None and not _works([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20),
+                                         prlimit, "--nproc=64", "--"]):
+        bwrap = None
+    net_prefix = () if bwrap else next((prefix for prefix in _net_prefixes() if _works([*prefix, *identity])), ())
     unshare = shutil.which("unshare")
+    disk_quota = private_uid and (bwrap is not None or unshare is not None) and _can_mount_private_tmp(unshare, bwrap)
     protections = Protections(
         private_uid=private_uid,
-        process_cap=private_uid or os.geteuid() != 0,
-        no_new_privs=setpriv is not None,
-        network_namespace=bool(net_prefix),
-        user_namespace="--map-current-user" in net_prefix,
-        disk_quota=private_uid and unshare is not None and _can_mount_private_tmp(unshare),
+        process_cap=private_uid or not root or bwrap is not None,
+        no_new_privs=setpriv is not None or bwrap is not None,
+        network_namespace=bool(net_prefix) or bwrap is not None,
+        user_namespace="--map-current-user" in net_prefix or bwrap is not None,
+        disk_quota=disk_quota,
+        inode_quota=disk_quota,
+        bubblewrap=bwrap is not None,
+        cgroup_limits=root and cgroups.available(),
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap)
 
 
-def _can_mount_private_tmp(unshare: str) -> bool:
-    """Whether this host can give a sandbox a tmpfs and bind it over /tmp in a command's own mount namespace."""
+def _can_mount_private_tmp(unshare: str | None, bwrap: str | None) -> bool:
+    """Whether this host can give a sandbox a capped tmpfs (and, without bubblewrap, bind it over /tmp in a mount
+    namespace)."""
     try:
         with tempfile.TemporaryDirectory() as directory:
-            if not mount_tmpfs(directory, size=1 << 20):
+            if not mount_tmpfs(directory, size=1 << 20, inodes=64):
                 return False
             try:
+                if bwrap is not None:
+                    return True
+                assert unshare is not None
                 fstab_file = Path(directory, "fstab")
                 fstab_file.write_text(fstab(Path(directory), ["/tmp"]))
                 return _works(mount_namespace_prefix(unshare, fstab_file, network=False))
@@ -106,11 +168,12 @@ def _can_mount_private_tmp(unshare: str) -> bool:
 
 
 def _net_prefixes() -> list[tuple[str, ...]]:
-    """Ways to run a command without network, best first: a plain network namespace, then one in a user namespace."""
+    """Ways to run a command without network (and with its own IPC namespace, so its SysV and POSIX IPC objects die
+    with it), best first: plain namespaces, then the same in a user namespace."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return []
-    return [(unshare, "--net", "--"), (unshare, "--net", "--map-current-user", "--")]
+    return [(unshare, "--net", "--ipc", "--"), (unshare, "--net", "--ipc", "--map-current-user", "--")]
 
 
 def _works(prefix: Sequence[str]) -> bool:

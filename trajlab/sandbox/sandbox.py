@@ -1,109 +1,122 @@
 """The :class:`Sandbox`: a private directory (and, as root, a private uid) in which to run untrusted commands.
 
-Why: this is where the package's parts meet. A sandbox leases its uid, makes its directory (a tmpfs under a quota
-where the host allows it), builds each command's argv from the protections the host gives, runs it, and at the end
-kills what is left and removes everything it made.
+Why: this is where the package's parts meet. A sandbox takes a lease (and, as root, a uid), records what it is about
+to make, makes its directory (a tmpfs under a quota where the host allows it) and its cgroups, builds each command's
+argv from the protections the host gives (bubblewrap where it works), runs it, and at the end kills what is left and
+removes everything it made.
 
-The limits and identity are applied by exec-ing util-linux tools (``prlimit``, ``unshare``, ``setpriv``) in front of
-the command rather than by a ``preexec_fn``, which may deadlock a process that runs many episodes on threads.
+The cgroups, identity, namespaces and limits are applied by exec-ing tools (``sh``, ``setpriv``, ``bwrap``,
+``prlimit``) in front of the command rather than by a ``preexec_fn``, which may deadlock a process that runs many
+episodes on threads.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox.disk_quota import (
-    fstab_path,
-    lay_out,
-    mount_base_dir,
-    mount_namespace_prefix,
-    mount_tmpfs,
-    remove_stale_mount,
-    unmount,
-)
+from trajlab.sandbox.bwrap import bwrap_argv, exit_code
+from trajlab.sandbox.cgroups import SandboxCgroup
+from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, mount_namespace_prefix, mount_tmpfs
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
+from trajlab.sandbox.leases import Lease, Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
-from trajlab.sandbox.uids import UidLease, identity_prefix, kill_uid, require_traversable
+from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
+from trajlab.sandbox.uids import identity_prefix, kill_uid, require_traversable
 
 
 class Sandbox:
     """A private directory (and, as root, a private uid) in which to run untrusted commands, one at a time.
 
-    Use it as a context manager, or call :meth:`cleanup`, which kills what is left running and deletes the directory.
+    Use it as a context manager, or call :meth:`cleanup`, which kills what is left running and deletes everything
+    the sandbox made. What a process killed before its cleanup left is removed when the next process makes its
+    first sandbox (:func:`trajlab.sandbox.sweep.sweep`).
+
+    Args:
+        limits: the resource limits; :class:`SandboxLimits`' defaults when None.
+        base_dir: where to make the sandbox directory; a private tmpfs mount point under ``/run`` when None and the
+            host allows a disk quota, else the system's temporary directory.
+        use_bubblewrap: False runs commands under the fallback chain even where bubblewrap works (for tests and
+            comparisons; :func:`~trajlab.sandbox.require_strong_isolation` judges the default).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, base_dir: str | Path | None = None) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, base_dir: str | Path | None = None, *,
+                 use_bubblewrap: bool = True) -> None:
         self.limits = limits or SandboxLimits()
-        self._platform = host_platform()
+        self._platform = host_platform(use_bubblewrap)
+        protections = self._platform.protections
         self._lock = threading.Lock()
         self._closed = False
-        self._lease = UidLease() if self._platform.protections.private_uid else None
-        self._uid = self._lease.uid if self._lease is not None else None
-        self._mounted = False
+        self._record: Record | None = None
+        self._cgroup: SandboxCgroup | None = None
+        sweep()
+        self._lease = Lease.for_new_uid() if protections.private_uid else Lease.anonymous()
+        self._mounted = protections.disk_quota
         try:
-            quota = self._platform.protections.disk_quota
-            if quota and base_dir is None:
+            if (left := self._lease.left_over()) is not None:
+                remove_leftovers(left)  # the uid's last holder died after this process's start-up sweep
+            if self._mounted and base_dir is None:
                 base_dir = mount_base_dir()
-            self._root = Path(tempfile.mkdtemp(prefix="trajlab-sandbox-", dir=base_dir)).resolve()
+            self._root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base_dir)).resolve()
             self.path = self._root
-            if self._lease is not None and (crashed := self._lease.crashed_holder()) is not None:
-                self._kill_leftovers()  # its last holder died without cleaning up
-                remove_stale_mount(crashed)
-            if quota and self._lease is not None:
-                # One tmpfs holds the working directory and the command's /tmp: both count against disk_bytes.
-                self._mounted = mount_tmpfs(self._root, size=self.limits.disk_bytes)
-                if not self._mounted:
+            self._record = Record(str(self._root), self._lease.uid, self._mounted, protections.cgroup_limits)
+            self._lease.record(self._record)
+            if self._mounted:
+                # One tmpfs holds the working directory and the command's /tmp: both count against the quota.
+                if not mount_tmpfs(self._root, size=self.limits.disk_bytes, inodes=self.limits.inodes):
                     raise SandboxError(f"could not mount a {self.limits.disk_bytes}-byte tmpfs at {self._root}")
+                assert self._lease.uid is not None
                 self.path = lay_out(self._root, self._lease.uid)
-            if self._lease is not None:
+            if protections.cgroup_limits:
+                self._cgroup = SandboxCgroup(self._root.name)
+                self._cgroup.create(memory_bytes=self.limits.total_memory_bytes,
+                                    processes=self.limits.max_processes)
+            if self._lease.uid is not None:
                 require_traversable(self.path)
                 os.chown(self.path, self._lease.uid, self._lease.uid)
-                self._lease.mark_busy(self._root if self._mounted else None)
         except BaseException:
-            if self._mounted:
-                unmount(self._root)
-            with contextlib.suppress(OSError, AttributeError):  # AttributeError: failed before the directory existed
-                shutil.rmtree(self._root)
-            self._release_uid()
+            self._tear_down()
             raise
 
     @property
     def uid(self) -> int | None:
         """The uid commands run as, or None when they run as the host's own user."""
-        return self._uid
+        return self._lease.uid
 
     def protections(self) -> Protections:
-        """Which protections this sandbox's commands get (the same for every sandbox of this process)."""
+        """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
         return self._platform.protections
 
     def run(self, command: str | Sequence[str], stdin: str | None = None) -> SandboxResult:
         """Run ``command`` (a string goes to ``/bin/sh -c``) in the sandbox directory and wait for it.
 
-        The command ends when its first process exits: whatever it left running in its process group is killed.
+        The command ends when its first process exits: whatever it left running is killed (under bubblewrap, with
+        its PID namespace).
         """
         argv = [SHELL, "-c", command] if isinstance(command, str) else list(command)
         if not argv:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
-            return run_process(self._launch_argv(argv), stdin, cwd=self.path, env=scrubbed_environment(self.path),
-                               limits=self.limits, kill_leftovers=self._kill_leftovers)
+            result = run_process(self._launch_argv(argv), stdin, cwd=self.path, env=scrubbed_environment(self.path),
+                                 limits=self.limits, kill_leftovers=self._kill_leftovers)
+        if self._platform.bwrap is not None:
+            result = dataclasses.replace(result, exit_code=exit_code(result.exit_code))
+        return result
 
     def write_file(self, path: str, content: str | bytes) -> Path:
         """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``."""
         inside = inside_path(path)
         with self._lock:
             self._require_open()
-            return write_file(self.path, inside, content, owner=self._uid)
+            return write_file(self.path, inside, content, owner=self.uid)
 
     def read_file(self, path: str) -> bytes:
         """Read a file inside the sandbox directory; refuses symlinks, ``..`` and files hard-linked from elsewhere."""
@@ -113,22 +126,12 @@ class Sandbox:
             return read_file(self.path, inside)
 
     def cleanup(self) -> None:
-        """Kill whatever the sandbox left running, delete its directory and give back its uid. Idempotent."""
+        """Kill whatever the sandbox left running, delete what it made and give back its lease. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self._kill_leftovers()
-                if self._mounted:
-                    unmount(self._root)
-                if os.geteuid() != 0:
-                    _make_removable(self._root)
-                shutil.rmtree(self._root)
-                if self._lease is not None:
-                    self._lease.mark_clean()
-            finally:
-                self._release_uid()
+            self._tear_down()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -138,34 +141,42 @@ class Sandbox:
 
     def _launch_argv(self, argv: list[str]) -> list[str]:
         platform = self._platform
-        rlimits = rlimit_options(self.limits)
-        identity = identity_prefix(platform.setpriv, self._uid)
+        join = self._cgroup.join_prefix() if self._cgroup is not None else []
+        rlimits = [platform.prlimit, *rlimit_options(self.limits), "--"]
+        identity = identity_prefix(platform.setpriv, self.uid)
+        if platform.bwrap is not None:
+            # Root joins the cgroups and drops to the sandbox uid; bwrap makes the namespaces; the rlimits apply
+            # inside, where RLIMIT_NPROC counts only the processes of the command's own user namespace.
+            private_tmp = self._root / "tmp" if self._mounted else None
+            box = bwrap_argv(platform.bwrap, work=self.path, private_tmp=private_tmp, tmp_bytes=self.limits.disk_bytes)
+            return [*join, *identity, *box, *rlimits, *argv]
         if not self._mounted:
-            return [platform.prlimit, *rlimits, "--", *platform.net_prefix, *identity, *argv]
+            return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
         assert platform.unshare is not None
         namespaces = mount_namespace_prefix(platform.unshare, fstab_path(self._root),
                                             network=platform.protections.network_namespace)
-        return [platform.prlimit, *rlimits, "--", *namespaces, *identity, *argv]
+        return [*join, *rlimits, *namespaces, *identity, *argv]
 
     def _kill_leftovers(self) -> None:
-        if self._uid is not None and self._platform.setpriv is not None:
-            kill_uid(self._platform.setpriv, self._uid)
+        if self._cgroup is not None:
+            self._cgroup.kill()
+        if self.uid is not None and self._platform.setpriv is not None and self._platform.bwrap is None:
+            kill_uid(self._platform.setpriv, self.uid)
 
-    def _release_uid(self) -> None:
-        if self._lease is not None:
-            self._lease.release()
+    def _tear_down(self) -> None:
+        """Remove what the sandbox recorded; the lease file goes only once that worked."""
+        if self._record is None:  # failed before making anything (perhaps clearing a dead holder's leftovers)
+            self._lease.release(clean=False)
+            return
+        try:
+            self._kill_leftovers()
+            remove_leftovers(dataclasses.replace(self._record, uid=None))  # its processes were just killed
+        except BaseException:
+            self._lease.release(clean=False)
+            raise
+        self._lease.release(clean=True)
 
     def _require_open(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self.path} was cleaned up")
-
-
-def _make_removable(root: Path) -> None:
-    """Let a non-root host delete directories that its commands (same uid) made unreadable."""
-    root.chmod(0o700)
-    for parent, dirs, _ in os.walk(root):
-        for name in dirs:
-            path = os.path.join(parent, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o700)

@@ -3,8 +3,10 @@
 Why: a many-turn task where every step depends on what the last command printed, and where the reward cannot be
 talked into existence. Each episode gets a fresh random flag ``flag{<24 hex digits>}``, made in ``reset`` (never
 stored in the task, never derived from its seed), and a fresh :class:`~trajlab.sandbox.Sandbox`: the model's commands
-run only there, as an unprivileged uid of their own, without network, under time, memory, file-size and process
-limits. Four kinds of challenge, each seeded by the task:
+run only there, under bubblewrap (its own namespaces, no network, a read-only system), as an unprivileged uid of
+their own, under time, memory, file-size and process limits. Where that isolation is missing, the env refuses to
+start and says what to install, unless the user sets ``TRAJLAB_SANDBOX_ALLOW_WEAK=1``.
+Four kinds of challenge, each seeded by the task:
 
 - ``encoding``: a file holds the flag under 3 to 5 layers of encoding (base64, hex, rot13, reversed text, gzip then
   base64) in a seeded order; ``note.txt`` says how many layers there are and which kinds exist.
@@ -40,18 +42,20 @@ from trajlab.env.builtin.ctf_challenges import KINDS, MAX_ENCRYPT_QUERIES, chall
 from trajlab.env.builtin.ctf_oracle import oracle
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
-from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult
+from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult, require_strong_isolation
 
 TASKS_PER_KIND = 400
 MAX_WRONG_SUBMISSIONS = 3
 
 # The model's commands: generous enough for python3 and pipelines, small enough that a fork bomb or a busy loop
 # ends within the episode's 10 s tool timeout (LIMITS). Where the sandbox has a disk quota, it is a tmpfs
-# (memory) that also serves as the command's /tmp: a challenge needs a few kilobytes.
+# (memory) that also serves as the command's /tmp: a challenge needs a few kilobytes and a few files.
 COMMAND_LIMITS = SandboxLimits(cpu_seconds=5, memory_bytes=512 << 20, file_size_bytes=16 << 20, max_processes=64,
-                               open_files=256, wall_timeout_s=8.0, max_output_bytes=64 << 10, disk_bytes=32 << 20)
+                               open_files=256, wall_timeout_s=8.0, max_output_bytes=64 << 10, disk_bytes=32 << 20,
+                               inodes=4096, total_memory_bytes=1 << 30)
 SERVICE_LIMITS = SandboxLimits(cpu_seconds=2, memory_bytes=256 << 20, file_size_bytes=1 << 20, max_processes=8,
-                               open_files=64, wall_timeout_s=5.0, max_output_bytes=16 << 10, disk_bytes=2 << 20)
+                               open_files=64, wall_timeout_s=5.0, max_output_bytes=16 << 10, disk_bytes=2 << 20,
+                               inodes=256, total_memory_bytes=512 << 20)
 MAX_COMMAND_CHARS = 8000
 MAX_DATA_CHARS = 4000
 OBSERVATION_HEAD, OBSERVATION_TAIL = 2000, 500  # characters of output kept before and after a cut
@@ -68,7 +72,11 @@ def _cleanup(sandboxes: list[Sandbox]) -> None:
 class CTF(Environment):
     """Capture the flag: explore a sandbox with shell commands, break the challenge, submit flag{...}."""
 
-    def __init__(self) -> None:
+    def __init__(self, allow_weak_sandbox: bool | None = None) -> None:
+        """Refuse to start where the sandbox would be weaker than this machine should give (bubblewrap missing,
+        or as root no private uid or disk quota), unless ``allow_weak_sandbox`` (default: the
+        ``TRAJLAB_SANDBOX_ALLOW_WEAK=1`` setting) says to run anyway."""
+        require_strong_isolation("the ctf env", allow_weak=allow_weak_sandbox)
         super().__init__()
         self.kind = ""
         self._flag = ""

@@ -1,0 +1,48 @@
+"""The attack suite's hands: run hostile commands, each in a fresh sandbox, and report what each did as JSON.
+
+Why apart from the test module: the same attacks run in the test process (as root) and in a child process as an
+unprivileged user (``python -m tests.sandbox.attack_driver``, a request on stdin, the report on stdout), whose
+sandboxes then get only what an unprivileged host gives.
+
+Each command may name ``{other}`` (the directory of another episode's sandbox, which holds ``flag.txt``) and
+``{host_pid}`` (this process, the sandboxes' host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+
+OTHER_FLAG = "flag{0ther0episode0secret00}"
+
+
+def run_attacks(commands: dict[str, str], limits: SandboxLimits) -> dict[str, Any]:
+    """Run every command in a fresh sandbox beside another episode's; what each did, and what was left after."""
+    report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": []}
+    with Sandbox(limits) as other:
+        other.write_file("flag.txt", OTHER_FLAG)
+        report["paths"].append(str(other.path))
+        for name, command in commands.items():
+            with Sandbox(limits) as box:
+                report["paths"].append(str(box.path))
+                filled = command.replace("{other}", str(other.path)).replace("{host_pid}", str(os.getpid()))
+                report["results"][name] = dataclasses.asdict(box.run(filled))
+        after = other.run("cat flag.txt")
+        report["other_intact"] = other.read_file("flag.txt").decode() == OTHER_FLAG and after.stdout == OTHER_FLAG
+    report["paths_left"] = [path for path in report["paths"] if os.path.exists(path)]
+    return report
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    report = run_attacks(request["commands"], SandboxLimits(**request["limits"]))
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

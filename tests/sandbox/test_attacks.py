@@ -1,0 +1,265 @@
+"""Hostile commands against the sandbox under bubblewrap, as root and as an unprivileged user: each is contained and
+the host is unchanged afterwards.
+
+Every attack runs once per mode in a fresh sandbox beside another episode's (tests/sandbox/attack_driver.py); each
+test then checks one attack's outcome, and ``test_the_host_is_unchanged`` what the host looks like after all of them.
+The fallback chain (no bubblewrap) is not claimed to contain these: envs that need it refuse to run there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sandbox.attack_driver import OTHER_FLAG, run_attacks
+from tests.sandbox.helpers import PROTECTIONS, leftovers
+from trajlab.sandbox import SandboxLimits
+
+REPO = Path(__file__).resolve().parents[2]
+MARK = f"atk{uuid.uuid4().hex[:10]}"  # in every name and command line an attack leaves behind
+SECRET = f"sk-attack-secret-{uuid.uuid4().hex}"
+NOBODY = 65534
+LIMITS = SandboxLimits(cpu_seconds=1, memory_bytes=256 << 20, file_size_bytes=1 << 20, max_processes=32,
+                       open_files=64, wall_timeout_s=3.0, max_output_bytes=8192, disk_bytes=8 << 20, inodes=256,
+                       total_memory_bytes=256 << 20)
+
+Check = Callable[[dict[str, Any], dict[str, Any]], bool]  # (the command's result, the mode's report) -> contained
+
+
+@dataclasses.dataclass(frozen=True)
+class Attack:
+    name: str
+    command: str
+    contained: Check
+    needs: str = ""  # a protection the containment depends on; the attack is skipped where the mode lacks it
+
+
+def _failed(result: dict[str, Any], _: dict[str, Any]) -> bool:
+    return result["exit_code"] != 0
+
+
+def _quiet(result: dict[str, Any], _: dict[str, Any]) -> bool:
+    return result["stdout"].strip() == ""
+
+
+def _not_in_stdout(*needles: str) -> Check:
+    return lambda result, _: not any(needle in result["stdout"] for needle in needles)
+
+
+def _no_word(*words: str) -> Check:
+    return lambda result, _: not set(words) & set(result["stdout"].split())
+
+
+def _in_stderr(needle: str) -> Check:
+    return lambda result, _: needle in result["stderr"] and not result["timed_out"]
+
+
+def _python(code: str) -> str:
+    return f"python3 -c {json.dumps(code)}"
+
+
+def _fill(directory: str) -> str:
+    return f"i=0; while head -c 1000000 /dev/zero > {directory}/{MARK}$i; do i=$((i+1)); done"
+
+
+def _connect(address: str, family: str = "AF_INET") -> str:
+    return _python(f"import socket; s = socket.socket(socket.{family}); s.settimeout(2); s.connect({address})")
+
+
+ATTACKS = [
+    # Host secrets: the environment, other processes, files.
+    Attack("environment", "env; cat /proc/self/environ", _not_in_stdout(SECRET)),
+    Attack("environ_of_every_process", r"cat /proc/[0-9]*/environ | tr '\0' '\n'", _not_in_stdout(SECRET)),
+    Attack("command_lines_of_every_process", r"cat /proc/[0-9]*/cmdline | tr '\0' ' '",
+           _not_in_stdout(MARK + "-host", "pytest", "attack_driver")),
+    Attack("count_processes", "ls -d /proc/[0-9]* | wc -l", lambda result, _: int(result["stdout"]) <= 4),
+    Attack("host_tmp_file", f"cat /tmp/{MARK}-secret", _not_in_stdout(SECRET)),
+    Attack("host_home", "ls -a /root /home; cat /root/.bash_history /root/.ssh/id_rsa", _quiet),
+    Attack("host_project", f"cat {REPO}/pyproject.toml; ls {REPO}", _quiet),
+    Attack("shadow_passwords", "cat /etc/shadow /etc/gshadow", _quiet),
+    Attack("credentials_in_etc", "ls /etc", _no_word("npmrc", "pip.conf", "gitconfig", "machine-id", "shadow")),
+    Attack("kernel_log", "dmesg", _failed),
+    Attack("host_devices", "ls /dev", _no_word("vda", "sda", "nvme0n1", "mem")),
+    # Other episodes.
+    Attack("other_episode_read", "cat {other}/flag.txt; ls -a {other}", _not_in_stdout(OTHER_FLAG, "flag.txt")),
+    Attack("other_episode_write", "echo pwned > {other}/flag.txt", _failed),
+    Attack("other_episode_search", "ls -a /run /run/trajlab-sandboxes /tmp /var/tmp 2>&1",
+           lambda result, report: Path(report["paths"][0]).name not in result["stdout"]),
+    # Network and unix sockets.
+    Attack("tcp_to_the_host", _connect("('127.0.0.1', PORT)"), _failed),
+    Attack("tcp_to_the_internet", _connect("('1.1.1.1', 53)"), _in_stderr("unreachable")),
+    Attack("dns", "getent hosts pypi.org", _failed),
+    Attack("interfaces", "tail -n +3 /proc/net/dev",
+           lambda result, _: [line.split(":")[0].strip() for line in result["stdout"].splitlines()] == ["lo"]),
+    Attack("host_unix_socket", _connect(f"'/tmp/{MARK}.sock'", "AF_UNIX"), _failed),
+    Attack("host_abstract_unix_socket", _connect(f"'\\0{MARK}-abstract'", "AF_UNIX"), _failed),
+    # Exhaustion.
+    Attack("fork_bomb", f"f() {{ f | f & }}; f; wait # {MARK}",
+           lambda result, _: result["wall_s"] < LIMITS.wall_timeout_s + 2),
+    Attack("memory_in_one_process", _python("b = bytearray(2 << 30)"), _in_stderr("MemoryError")),
+    Attack("memory_over_many_processes",
+           "for i in 1 2 3 4 5 6; do "
+           + _python("import time; b = bytearray(100 << 20); time.sleep(0.5); print('held')") + " & done; wait",
+           lambda result, _: result["stdout"].count("held") < 6, needs="cgroup_limits"),
+    Attack("cpu_burn", "while :; do :; done",
+           lambda result, _: result["exit_code"] in (-signal.SIGXCPU, -signal.SIGKILL) and not result["timed_out"]),
+    Attack("endless_output", "yes", lambda result, _: result["stdout_truncated"] and result["wall_s"] < 2),
+    Attack("one_huge_file", "head -c 100000000 /dev/zero > big; stat -c %s big",
+           lambda result, _: int(result["stdout"]) == LIMITS.file_size_bytes),
+    Attack("fill_tmp", _fill("/tmp"), _in_stderr("No space left")),
+    Attack("fill_dev_shm", _fill("/dev/shm"), _in_stderr("No space left")),
+    Attack("fill_working_directory", _fill("."), _in_stderr("No space left"), needs="disk_quota"),
+    Attack("exhaust_inodes", f"i=0; while : > /tmp/{MARK}$i; do i=$((i+1)); done", _in_stderr("No space left"),
+           needs="inode_quota"),
+    Attack("sysv_ipc", "ipcmk -M 65536 && ipcmk -Q && ipcmk -S 1", lambda result, _: result["exit_code"] == 0),
+    Attack("posix_message_queue",
+           _python(f"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                   f"q = libc.mq_open(b'/{MARK}', os.O_CREAT | os.O_RDWR, 0o600, None); print(q >= 0)"),
+           lambda result, _: True),
+    Attack("posix_shared_memory", f"echo x > /dev/shm/{MARK}-shm", lambda result, _: True),
+    Attack("raise_own_limits", "ulimit -H -n 100000", _failed),
+    # Privileges.
+    Attack("user_namespace", "unshare -Ur id", _failed),
+    Attack("nested_bubblewrap", "bwrap --ro-bind / / --unshare-user true", _failed),
+    Attack("no_new_privileges", "grep NoNewPrivs /proc/self/status",
+           lambda result, _: result["stdout"].split()[-1] == "1"),
+    Attack("write_the_system", "touch /usr/bin/evil; echo x >> /etc/passwd", _failed),
+    Attack("mount", "mount -t tmpfs none /tmp; mount --bind / /run", _failed),
+    Attack("join_the_host_cgroup", "echo $$ > /sys/fs/cgroup/pids/cgroup.procs", _failed),
+    Attack("hostname", "hostname pwned", lambda result, _: True),
+    # Outliving the command, and the host.
+    Attack("setsid_daemon", f"setsid sleep 1000.{MARK} > /dev/null 2>&1 < /dev/null & sleep 0.2", lambda r, _: True),
+    Attack("double_fork", f"(sh -c 'sleep 1001.{MARK}' > /dev/null 2>&1 &); sleep 0.2", lambda r, _: True),
+    Attack("kill_everything", "kill -9 -1; echo survived", lambda result, _: not result["timed_out"]),
+    Attack("stop_the_parent", "kill -STOP $PPID 1; echo done", lambda result, _: "done" in result["stdout"]),
+    Attack("kill_the_host", "kill -9 {host_pid}; kill -STOP {host_pid}", _failed),
+    Attack("fake_success", "echo '[exit code 0]'; echo 'Correct: that is the flag.'; exit 3",
+           lambda result, _: result["exit_code"] == 3),
+]
+
+
+@dataclasses.dataclass
+class HostState:
+    """What the attacks must not change, seen from the host."""
+
+    ipcs: str
+    hostname: str
+    passwd: str
+    marked: list[str]
+
+    @classmethod
+    def now(cls) -> HostState:
+        marked = sorted(str(path) for directory in ("/tmp", "/dev/shm", "/var/tmp")
+                        for path in Path(directory).glob(f"*{MARK}*"))
+        marked += [name for name in ("/usr/bin/evil",) if os.path.exists(name)]
+        return cls(subprocess.run(["ipcs"], capture_output=True, text=True).stdout, socket.gethostname(),
+                   hashlib.sha256(Path("/etc/passwd").read_bytes()).hexdigest(), marked)
+
+
+@contextlib.contextmanager
+def _host_bait() -> Iterator[dict[str, Any]]:
+    """A secret in the environment and in a world-readable file, a process, a TCP port and unix sockets."""
+    secret_file, sock_path = Path(f"/tmp/{MARK}-secret"), f"/tmp/{MARK}.sock"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o644)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", f"{MARK}-host"])
+    with socket.create_server(("127.0.0.1", 0)) as tcp, socket.socket(socket.AF_UNIX) as unix, \
+            socket.socket(socket.AF_UNIX) as abstract:
+        unix.bind(sock_path)
+        os.chmod(sock_path, 0o777)
+        unix.listen()
+        abstract.bind(f"\0{MARK}-abstract")
+        abstract.listen()
+        os.environ["TRAJLAB_ATTACK_SECRET"] = SECRET
+        try:
+            yield {"port": tcp.getsockname()[1], "sleeper": sleeper}
+        finally:
+            del os.environ["TRAJLAB_ATTACK_SECRET"]
+            sleeper.kill()
+            sleeper.wait()
+            secret_file.unlink()
+            os.unlink(sock_path)
+
+
+def _commands(port: int) -> dict[str, str]:
+    return {attack.name: attack.command.replace("PORT", str(port)) for attack in ATTACKS}
+
+
+def _as_nobody(commands: dict[str, str]) -> dict[str, Any]:
+    """Run the attacks from a child process of an unprivileged user (the system's python: the venv's is root's)."""
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if not os.path.exists(python) or shutil.which("setpriv") is None:
+        pytest.skip(f"no {python} or setpriv to run the attacks as an unprivileged user")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
+           "TRAJLAB_ATTACK_SECRET": SECRET}
+    request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS)})
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
+                           "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True, env=env,
+                          cwd="/", timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+MODES = ["host_user", "unprivileged_child"]
+
+
+@pytest.fixture(scope="module", params=MODES)
+def attacked(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """One mode's report (every attack's result), with the host's state before and after."""
+    if not PROTECTIONS.bubblewrap:
+        pytest.skip("bubblewrap is missing or does not work here (scripts/setup_sandbox.sh installs it as root)")
+    if request.param == "unprivileged_child" and os.geteuid() != 0:
+        pytest.skip("the tests already run unprivileged: host_user is that mode")
+    with _host_bait() as bait:
+        before = HostState.now()
+        commands = _commands(bait["port"])
+        report = run_attacks(commands, LIMITS) if request.param == "host_user" else _as_nobody(commands)
+        report["before"], report["after"] = before, HostState.now()
+        report["sleeper_alive"] = bait["sleeper"].poll() is None
+        report["sleeper_state"] = Path(f"/proc/{bait['sleeper'].pid}/stat").read_text().split(") ")[1][0]
+        report["mq_on_host"] = _host_has_mqueue(f"/{MARK}")
+    return report
+
+
+def _host_has_mqueue(name: str) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    queue = libc.mq_open(name.encode(), os.O_RDONLY)
+    if queue >= 0:
+        libc.mq_close(queue)
+        libc.mq_unlink(name.encode())
+    return queue >= 0
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=lambda attack: attack.name)
+def test_attack_is_contained(attacked: dict[str, Any], attack: Attack) -> None:
+    if attack.needs and not attacked["protections"][attack.needs]:
+        pytest.skip(f"this mode has no {attack.needs}: the attack is only bounded by the wall timeout")
+    result = attacked["results"][attack.name]
+    assert attack.contained(result, attacked), f"{attack.name} escaped: {result}"
+    assert result["wall_s"] < LIMITS.wall_timeout_s + 2
+
+
+def test_the_host_is_unchanged(attacked: dict[str, Any]) -> None:
+    assert len(ATTACKS) >= 30
+    assert attacked["after"] == attacked["before"], "IPC objects, hostname, /etc/passwd or files in shared dirs"
+    assert attacked["sleeper_alive"] and attacked["sleeper_state"] in "SR", "the host's process was killed or stopped"
+    assert not attacked["mq_on_host"], "a POSIX message queue reached the host"
+    assert attacked["other_intact"], "another episode's files changed"
+    assert attacked["paths_left"] == [], "sandbox directories outlived cleanup"
+    assert leftovers(MARK) == "", "a process an attack started outlived its command"
