@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -209,11 +210,30 @@ def _as_nobody(commands: dict[str, str]) -> dict[str, Any]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
            "TRAJLAB_ATTACK_SECRET": SECRET}
     request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS)})
-    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
-                           "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True, env=env,
-                          cwd="/", timeout=120, check=False)
+    with _traversable(REPO, Path(sysconfig.get_paths()["purelib"])):
+        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
+                               "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True,
+                              env=env, cwd="/", timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+@contextlib.contextmanager
+def _traversable(*paths: Path) -> Iterator[None]:
+    """Let other users pass through the folders above ``paths`` for the block (a clone in ``mktemp -d`` sits in a
+    0700 folder, which would keep the unprivileged child from importing trajlab); their modes are restored after."""
+    changed = {}
+    for path in paths:
+        for folder in Path(path).resolve().parents:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH and folder not in changed:
+                changed[folder] = mode
+                folder.chmod(mode | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for folder, mode in changed.items():
+            folder.chmod(stat.S_IMODE(mode))
 
 
 MODES = ["host_user", "unprivileged_child"]
