@@ -25,21 +25,16 @@ run_pytest() {  # pytest's exit code, with 5 (no tests collected) reported as a 
 }
 
 bash scripts/setup.sh || exit 1
-# Chromium for the report's browser tests, installed as root; without root they skip and say why (exit code 1), an
-# install that fails is a failure.
-bash scripts/setup_browser.sh
-browser=$?
-if [ "$browser" -ne 0 ] && [ "$browser" -ne 1 ]; then
-  exit "$browser"
+# chromium, chromium-driver and bubblewrap for the report's browser tests and the sandbox, installed as root; without
+# root those tests skip and say why (exit code 1) and the ctf env's tests run on the weaker fallback sandbox (opted
+# into explicitly); an install that fails is a failure.
+bash scripts/setup_system.sh
+system=$?
+if [ "$system" -ne 0 ] && [ "$system" -ne 1 ]; then
+  exit "$system"
 fi
-# bubblewrap for the sandbox, installed as root; without root its tests skip and say why (exit code 1) and the ctf
-# env's tests run on the weaker fallback sandbox (opted into explicitly), an install that fails is a failure.
-bash scripts/setup_sandbox.sh
-sandbox=$?
-if [ "$sandbox" -eq 1 ]; then
+if ! command -v bwrap >/dev/null 2>&1; then
   export TRAJLAB_SANDBOX_ALLOW_WEAK=1
-elif [ "$sandbox" -ne 0 ]; then
-  exit "$sandbox"
 fi
 . .venv/bin/activate
 ruff check . || exit 1

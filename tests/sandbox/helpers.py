@@ -14,7 +14,7 @@ FAST = SandboxLimits(cpu_seconds=2, memory_bytes=512 << 20, file_size_bytes=1 <<
                      wall_timeout_s=5.0, max_output_bytes=4096)
 needs_private_uid = pytest.mark.skipif(not PROTECTIONS.private_uid, reason="sandboxes share the host's uid here")
 needs_bwrap = pytest.mark.skipif(not PROTECTIONS.bubblewrap, reason="bubblewrap is missing or does not work here "
-                                 "(scripts/setup_sandbox.sh installs it as root)")
+                                 "(scripts/setup_system.sh installs it as root)")
 #: Both ways of running commands, as ``use_bubblewrap``: bubblewrap (where it works) and the fallback chain.
 MODES = [pytest.param(True, id="bwrap", marks=needs_bwrap), pytest.param(False, id="chain")]
 

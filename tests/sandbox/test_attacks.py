@@ -243,7 +243,7 @@ MODES = ["host_user", "unprivileged_child"]
 def attacked(request: pytest.FixtureRequest) -> dict[str, Any]:
     """One mode's report (every attack's result), with the host's state before and after."""
     if not PROTECTIONS.bubblewrap:
-        pytest.skip("bubblewrap is missing or does not work here (scripts/setup_sandbox.sh installs it as root)")
+        pytest.skip("bubblewrap is missing or does not work here (scripts/setup_system.sh installs it as root)")
     if request.param == "unprivileged_child" and os.geteuid() != 0:
         pytest.skip("the tests already run unprivileged: host_user is that mode")
     with _host_bait() as bait:

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-INSTALL = "apt-get install chromium chromium-driver (as root; scripts/setup_browser.sh does it)"
+INSTALL = "apt-get install chromium chromium-driver (as root; scripts/setup_system.sh does it)"
 
 
 def missing() -> str | None:

@@ -62,7 +62,7 @@ class Protections:
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
-        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_sandbox.sh as root)"}
+        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)"}
         if os.geteuid() == 0:
             needed |= {"private_uid": "setpriv (util-linux) must switch to uids in SANDBOX_UID_RANGE",
                        "disk_quota": "root must be able to mount a tmpfs (not possible in this container)"}
