@@ -141,9 +141,9 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     meter = Meter()
     generate_batch = HFGenerator._generate_batch
 
-    def measured_generate_batch(self, requests):  # instrumentation only: the same call, inputs and outputs counted
+    def measured_generate_batch(self, requests, abandoned):  # instrumentation only: the same call, counted
         fed_before = self.fed_tokens
-        results = generate_batch(self, requests)
+        results = generate_batch(self, requests, abandoned)
         meter.generated(self.fed_tokens - fed_before, [r.token_ids for r in results])
         return results
 

@@ -13,10 +13,10 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import IntEnum
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -24,8 +24,9 @@ from rich.text import Text
 
 from trajlab.cli.common import console
 
-OnProgress = Callable[[int, int], None]
-"""``on_progress(done, total)``, as the API calls it."""
+if TYPE_CHECKING:  # importing the API here would slow every command's start
+    from trajlab.api import Progress
+
 PROGRESS_EVERY_S = 30.0
 """How often progress is written when the output is not a terminal."""
 LOG_WIDTH = 200
@@ -148,7 +149,7 @@ def say(message: str) -> None:
 
 
 @contextmanager
-def progress(label: str) -> Iterator[OnProgress]:
+def progress(label: str) -> Iterator[Progress]:
     """Progress of one long piece of work, fed by the ``on_progress(done, total)`` it yields: a live bar on a
     terminal, a line now and then elsewhere, nothing when quiet."""
     if _verbosity == Verbosity.QUIET:

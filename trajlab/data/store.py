@@ -105,10 +105,7 @@ class TrajectoryStore:
                 if not raw.endswith(b"\n"):
                     _check_torn_tail(raw, self.path, number)
                     break
-                trajectory = _parse_line(raw, self.path, number)
-                self.ids.add(trajectory.id)
-                if trajectory.status == "error":
-                    self.errors.add(trajectory.id)
+                self._index(_parse_line(raw, self.path, number))
                 complete += len(raw)
         if complete < os.path.getsize(self.path):
             os.truncate(self.path, complete)
@@ -136,6 +133,9 @@ class TrajectoryStore:
             raise StoreError(f"{self.path}: cannot store episode {trajectory.id!r} ({exc.strerror or exc}); the "
                              f"file keeps its {len(self.ids)} episodes before it. Free some space and run the same "
                              "command again: it resumes.") from exc
+        self._index(trajectory)
+
+    def _index(self, trajectory: Trajectory) -> None:
         self.ids.add(trajectory.id)
         if trajectory.status == "error":
             self.errors.add(trajectory.id)
@@ -148,15 +148,19 @@ class TrajectoryStore:
         """
         if self._fd is None:
             raise RuntimeError("TrajectoryStore is not open; use it as a context manager")
-        taken, kept = [], []
+        taken: list[Trajectory] = []
+        kept: list[bytes] = []
         with open(self.path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
-                (taken if _parse_line(raw, self.path, number).id in ids else kept).append(raw)
+                trajectory = _parse_line(raw, self.path, number)
+                if trajectory.id in ids:
+                    taken.append(trajectory)
+                else:
+                    kept.append(raw)
         if not taken:
             return []
         with TrajectoryStore(keep_in) as side:
-            for raw in taken:
-                trajectory = Trajectory.model_validate_json(raw)
+            for trajectory in taken:
                 side.ids.discard(trajectory.id)  # the same episode may have failed in several runs
                 side.append(trajectory)
         partial = self.path.with_name(self.path.name + ".partial")
@@ -171,4 +175,4 @@ class TrajectoryStore:
         self._fd = fd
         self.ids -= ids
         self.errors -= ids
-        return [Trajectory.model_validate_json(raw) for raw in taken]
+        return taken

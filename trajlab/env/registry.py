@@ -166,7 +166,7 @@ def _load_entry_point(entry_point: str, name: str) -> EnvSpec:
 
 
 TASK_REFERENCE_SIZE = 32
-"""How many of an env's own tasks :meth:`EnvSpec.task_problems` compares a given task with."""
+"""How many of an env's own tasks the check of :meth:`EnvSpec.task_check` compares a given task with."""
 
 
 def _json_kind(value: Any) -> str:

@@ -170,7 +170,7 @@ class HFGenerator:
 
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest],
-                        abandoned: list[threading.Event] | None = None) -> list[GenerationResult]:
+                        abandoned: list[threading.Event]) -> list[GenerationResult]:
         params = requests[0].params
         max_new_tokens = max(r.params.max_new_tokens for r in requests)
         prompts = [r.prompt_ids for r in requests]
@@ -190,7 +190,7 @@ class HFGenerator:
             generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
                                                 return_dict_in_generate=True),
             logits_processor=LogitsProcessorList(processors),
-            stopping_criteria=StoppingCriteriaList([_StopAbandoned(abandoned)] if abandoned else []),
+            stopping_criteria=StoppingCriteriaList([_StopAbandoned(abandoned)]),
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
         logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)

@@ -72,7 +72,7 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
             _check_env_column(config.env, task, f"{where}:{number}")
             spec = config.env.spec_for(task) if isinstance(config.env, EnvMixture) else config.env
             check = checks.setdefault(spec.name, spec.task_check())
-            if problems := check(rows[number - 1]):
+            if problems := check(task):
                 raise ValueError(f"{where}:{number}: not a {spec.name} task: {'; '.join(problems)}. Fix the row "
                                  "(or remove it) and run again; nothing was run.")
     else:
@@ -156,24 +156,25 @@ def collect(
     with build_engine(config) as engine, TrajectoryStore(config.out) as store:
         failed = {episode.id for episode in episodes} & store.errors
         if failed:  # the machinery broke them last time (a server away, a bug since fixed): run them again
-            store.remove(failed, keep_in=errors_file(config.out))
+            kept_in = errors_file(config.out)
+            store.remove(failed, keep_in=kept_in)
             logger.info("running again %d episodes that ended in error (their records are kept in %s)",
-                        len(failed), errors_file(config.out))
+                        len(failed), kept_in)
         todo = [episode for episode in episodes if episode.id not in store.ids]
         done = len(episodes) - len(todo)
         if on_progress:
             on_progress(done, len(episodes))
 
-        refused: list[StoreError] = []  # the first write the store refused (disk full): raised once, the rest wait
+        refused = False  # the store refused a write (disk full): raised once, later results are not stored
 
         def save(trajectory: Trajectory) -> None:
-            nonlocal done
+            nonlocal done, refused
             if refused:
                 return  # not stored: the same command runs it again once there is room
             try:
                 store.append(trajectory)
-            except StoreError as exc:
-                refused.append(exc)
+            except StoreError:
+                refused = True
                 raise
             done += 1
             if on_progress:

@@ -24,15 +24,18 @@ def task_id(task: dict[str, Any]) -> str:
     """
     if "task_id" in task:
         return str(task["task_id"])
-    blob = json.dumps(task, sort_keys=True, ensure_ascii=False, default=str)
-    return "task-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+    return "task-" + _content_digest(task)[:12]
 
 
 def task_hash(task: dict[str, Any]) -> str:
     """Eight hex digits of the task's whole content (JSON with sorted keys): a task edited under the same
     ``task_id`` gets another hash, so a collection's episode id (which carries it) makes it a new episode."""
-    blob = json.dumps(task, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+    return _content_digest(task)[:8]
+
+
+def _content_digest(task: dict[str, Any]) -> str:
+    """sha256 of the task as JSON with sorted keys: the same in every run and process."""
+    return hashlib.sha256(json.dumps(task, sort_keys=True, ensure_ascii=False, default=str).encode()).hexdigest()
 
 
 class TokenRecord(BaseModel):

@@ -38,6 +38,12 @@ SFT_METRIC_NAMES = {
 logs becomes ``sft/<name>``."""
 
 
+def named(logs: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a trainer log under the names users see (:data:`SFT_METRIC_NAMES`, else ``sft/<name>``)."""
+    return {SFT_METRIC_NAMES.get(key, f"sft/{key}"): value for key, value in logs.items()
+            if isinstance(value, int | float)}
+
+
 class SFTMetrics(TrainerCallback):
     """Every log of the SFT trainer, under the names of :data:`SFT_METRIC_NAMES`, to ``out_dir/metrics.jsonl`` and
     the trackers.
@@ -59,8 +65,7 @@ class SFTMetrics(TrainerCallback):
                **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs:
             return
-        record = {"step": state.global_step} | {SFT_METRIC_NAMES.get(key, f"sft/{key}"): value
-                                                for key, value in logs.items() if isinstance(value, int | float)}
+        record = {"step": state.global_step} | named(logs)
         with self.path.open("a") as file:
             file.write(json.dumps(record) + "\n")
         self.trackers.log(record, step=state.global_step)
@@ -80,7 +85,7 @@ class StepProgress(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> None:
         if state.is_world_process_zero and logs:
-            shown = " ".join(f"{SFT_METRIC_NAMES.get(k, k)} {v:.4g}" for k, v in logs.items() if isinstance(v, float))
+            shown = " ".join(f"{name} {value:.4g}" for name, value in named(logs).items())
             logger.info("sft step %d/%d: %s", state.global_step, state.max_steps, shown)
 
 
