@@ -16,14 +16,21 @@ import os
 import sys
 from typing import Any
 
+from tests.sandbox.helpers import live_processes
 from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
 
 OTHER_FLAG = "flag{0ther0episode0secret00}"
 
 
-def run_attacks(commands: dict[str, str], limits: SandboxLimits) -> dict[str, Any]:
-    """Run every command in a fresh sandbox beside another episode's; what each did, and what was left after."""
-    report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": []}
+def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str) -> dict[str, Any]:
+    """Run every command in a fresh sandbox beside another episode's; what each did, and what was left after.
+
+    ``marker`` is in the command line of every process the attacks start: any still alive when its call returned
+    is reported under ``running_after_call`` (the host's own such processes, running before, are not).
+    """
+    hosts = live_processes(marker).keys()
+    report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": [],
+                              "running_after_call": {}}
     with Sandbox(limits) as other:
         other.write_file("flag.txt", OTHER_FLAG)
         report["paths"].append(str(other.path))
@@ -32,6 +39,8 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits) -> dict[str, An
                 report["paths"].append(str(box.path))
                 filled = command.replace("{other}", str(other.path)).replace("{host_pid}", str(os.getpid()))
                 report["results"][name] = dataclasses.asdict(box.run(filled))
+                if running := [line for pid, line in live_processes(marker).items() if pid not in hosts]:
+                    report["running_after_call"][name] = running
         after = other.run("cat flag.txt")
         report["other_intact"] = other.read_file("flag.txt").decode() == OTHER_FLAG and after.stdout == OTHER_FLAG
     report["paths_left"] = [path for path in report["paths"] if os.path.exists(path)]
@@ -40,7 +49,7 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits) -> dict[str, An
 
 def main() -> None:
     request = json.load(sys.stdin)
-    report = run_attacks(request["commands"], SandboxLimits(**request["limits"]))
+    report = run_attacks(request["commands"], SandboxLimits(**request["limits"]), request["marker"])
     json.dump(report, sys.stdout)
 
 

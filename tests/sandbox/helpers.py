@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -22,6 +23,22 @@ MODES = [pytest.param(True, id="bwrap", marks=needs_bwrap), pytest.param(False, 
 def running(marker: str) -> str:
     """Processes whose command line holds ``marker``."""
     return subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+
+
+def live_processes(marker: str) -> dict[int, str]:
+    """Processes alive now (not zombies) whose command line holds ``marker``, by pid, read at once from ``/proc``:
+    unlike :func:`running`, quick enough to see a process the kernel is still killing."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat") as stat:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except OSError:  # it exited meanwhile
+            continue
+        if marker in command and state != "Z":
+            found[int(pid)] = command
+    return found
 
 
 def leftovers(marker: str) -> str:

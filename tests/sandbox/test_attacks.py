@@ -209,7 +209,7 @@ def _as_nobody(commands: dict[str, str]) -> dict[str, Any]:
         pytest.skip(f"no {python} or setpriv to run the attacks as an unprivileged user")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
            "TRAJLAB_ATTACK_SECRET": SECRET}
-    request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS)})
+    request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS), "marker": MARK})
     with _traversable(REPO, Path(sysconfig.get_paths()["purelib"])):
         done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
                                "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True,
@@ -249,7 +249,7 @@ def attacked(request: pytest.FixtureRequest) -> dict[str, Any]:
     with _host_bait() as bait:
         before = HostState.now()
         commands = _commands(bait["port"])
-        report = run_attacks(commands, LIMITS) if request.param == "host_user" else _as_nobody(commands)
+        report = run_attacks(commands, LIMITS, MARK) if request.param == "host_user" else _as_nobody(commands)
         report["before"], report["after"] = before, HostState.now()
         report["sleeper_alive"] = bait["sleeper"].poll() is None
         report["sleeper_state"] = Path(f"/proc/{bait['sleeper'].pid}/stat").read_text().split(") ")[1][0]
@@ -281,5 +281,6 @@ def test_the_host_is_unchanged(attacked: dict[str, Any]) -> None:
     assert attacked["sleeper_alive"] and attacked["sleeper_state"] in "SR", "the host's process was killed or stopped"
     assert not attacked["mq_on_host"], "a POSIX message queue reached the host"
     assert attacked["other_intact"], "another episode's files changed"
+    assert attacked["running_after_call"] == {}, "processes of an attack ran on after its call returned"
     assert attacked["paths_left"] == [], "sandbox directories outlived cleanup"
     assert leftovers(MARK) == "", "a process an attack started outlived its command"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tests.sandbox.helpers import FAST
+import dataclasses
+import uuid
+
+from tests.sandbox.helpers import FAST, live_processes, needs_bwrap
 from trajlab.sandbox import Sandbox, SandboxLimits
 
 
@@ -39,3 +42,17 @@ def test_background_children_do_not_hold_the_call_open(sandbox: Sandbox) -> None
 def test_a_real_time_signal_is_named_by_number(sandbox: Sandbox) -> None:
     result = sandbox.run("kill -40 $$")
     assert result.exit_code == -40 and result.signal == "signal 40"
+
+
+
+@needs_bwrap
+def test_nothing_of_a_killed_command_runs_once_its_call_returned() -> None:
+    """The kernel kills a PID namespace's processes after its init, while the host goes on: without waiting for that,
+    a writer could still write into the directory that cleanup is deleting (it did, in the unprivileged attacks)."""
+    marker = f"writer{uuid.uuid4().hex[:10]}"
+    writer = f"i=0; while :; do head -c 1000000 /dev/zero > {marker}$((i % 8)); i=$((i + 1)); done"
+    for _ in range(5):
+        with Sandbox(dataclasses.replace(FAST, wall_timeout_s=0.5)) as box:
+            assert box.run(writer).timed_out
+            assert live_processes(marker) == {}
+        assert not box.path.exists()

@@ -7,12 +7,18 @@ minimal ``/dev``, only a loopback interface (abstract unix sockets of the host l
 its sandbox's working directory, and a private ``/tmp``, ``/var/tmp`` and ``/dev/shm``. It cannot create user
 namespaces (``--disable-userns``), and when its first process exits, or the host dies (``--die-with-parent``), the
 PID namespace's init exits and the kernel kills everything left in it: nothing a command starts outlives it.
+That killing is asynchronous, so :class:`PidNamespace` waits for it before a command's call returns.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import select
 from pathlib import Path
+
+from trajlab.sandbox.errors import SandboxError
 
 #: The system directories the command sees, read-only; where the host has merged /usr they are symlinks.
 _SYSTEM_DIRS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -28,7 +34,74 @@ PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 SIGNAL_STATUS_BASE = 128
 
 
-def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int) -> list[str]:
+#: How long the kernel may take to kill what was left in a command's PID namespace before the call fails.
+NAMESPACE_END_TIMEOUT_S = 5.0
+
+
+class PidNamespace:
+    """The PID namespace of one bwrap command, to wait until everything in it died.
+
+    Why: killing bwrap kills its namespace's init, and the kernel then kills the rest of the namespace while the
+    host goes on; a command that was writing files could still write into its directory while the host deletes it, or
+    into the next command's files. bwrap's ``--info-fd`` gives the init's pid; a pidfd opened on it while bwrap, its
+    parent, lives becomes readable only once the kernel killed and reaped every other process of the namespace.
+    """
+
+    def __init__(self) -> None:
+        self._info_read, self.info_fd = os.pipe()
+        self._init: int | None = None  # a pidfd on the namespace's init
+
+    def attach(self, bwrap_pid: int, timeout_s: float) -> None:
+        """Read which process is the namespace's init, once bwrap ``bwrap_pid`` started (its ``--info-fd``).
+
+        Nothing is attached when bwrap failed before making the namespace (its error is on stderr), or its init
+        already exited (then the kernel had killed the rest).
+        """
+        os.close(self.info_fd)
+        info = b""
+        while select.select([self._info_read], [], [], timeout_s)[0] and (chunk := os.read(self._info_read, 4096)):
+            info += chunk
+        os.close(self._info_read)
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # no or partial info: bwrap failed early
+            init_pid = int(json.loads(info)["child-pid"])
+            with contextlib.suppress(OSError):
+                self._init = os.pidfd_open(init_pid)
+                if not _is_child(init_pid, of=bwrap_pid):  # the init exited and its pid went to another process
+                    self.close()
+
+    def abandon(self) -> None:
+        """Close the info pipe of a bwrap that could not be started."""
+        os.close(self.info_fd)
+        os.close(self._info_read)
+
+    def wait_for_end(self) -> None:
+        """Return once nothing of the namespace is left; a :class:`SandboxError` when the kernel takes too long."""
+        if self._init is None:
+            return
+        try:
+            if not select.select([self._init], [], [], NAMESPACE_END_TIMEOUT_S)[0]:
+                raise SandboxError(f"the processes of a sandbox command were still running "
+                                   f"{NAMESPACE_END_TIMEOUT_S} s after it was killed")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._init is not None:
+            os.close(self._init)
+            self._init = None
+
+
+def _is_child(pid: int, *, of: int) -> bool:
+    """Whether process ``pid`` is a child of ``of`` (a pidfd opened on it keeps the answer true while it lives)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == of
+
+
+def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
+               pid_namespace: PidNamespace | None = None) -> list[str]:
     """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
 
     Args:
@@ -37,8 +110,10 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         private_tmp: a directory (on the sandbox's capped tmpfs) bound over each of :data:`PRIVATE_TMP_DIRS`, so that
             its files stay from one command to the next; None gives each command fresh tmpfs of ``tmp_bytes`` each.
         tmp_bytes: the size cap of each fresh tmpfs when ``private_tmp`` is None.
+        pid_namespace: where bwrap reports the namespace's init, for the host to wait for its end.
     """
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+    info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
+    argv = [bwrap, *info, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for name in _SYSTEM_DIRS:
         path = f"/{name}"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+from trajlab.sandbox.bwrap import PidNamespace
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.limits import SandboxLimits
 
@@ -51,21 +52,27 @@ class SandboxResult:
 
 
 def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str, str], limits: SandboxLimits,
-                kill_leftovers: Callable[[], None]) -> SandboxResult:
+                kill_leftovers: Callable[[], None], pid_namespace: PidNamespace | None = None) -> SandboxResult:
     """Run ``argv`` in a new session and wait for it, within ``limits``' wall timeout and output cap.
 
     The command ends when its first process exits: whatever it left running in its process group is killed, and
-    ``kill_leftovers`` is called when its output could not be read to the end.
+    ``kill_leftovers`` is called when its output could not be read to the end. When ``argv`` runs bwrap with
+    ``pid_namespace``'s options, the call returns only once everything in that namespace died.
     """
     started = time.monotonic()
+    pass_fds = (pid_namespace.info_fd,) if pid_namespace is not None else ()
     with _stdin_source(stdin) as source:
         try:
             process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                                       env=env, umask=0o077, start_new_session=True)
+                                       env=env, umask=0o077, start_new_session=True, pass_fds=pass_fds)
         except OSError as exc:  # the host could not start it (no processes or memory left, a launcher gone)
+            if pid_namespace is not None:
+                pid_namespace.abandon()
             raise SandboxError(f"could not start a sandbox command: {exc}") from exc
     drained = False
     try:
+        if pid_namespace is not None:
+            pid_namespace.attach(process.pid, limits.wall_timeout_s)
         pumped = _pump(process, started + limits.wall_timeout_s, limits.max_output_bytes)
         drained = pumped.drained
     finally:
@@ -75,6 +82,8 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
         process.wait()
         for pipe in (process.stdout, process.stderr):
             pipe.close()
+        if pid_namespace is not None:
+            pid_namespace.wait_for_end()
     return SandboxResult(
         exit_code=process.returncode,
         stdout=pumped.stdout.text(),

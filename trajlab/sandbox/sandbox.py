@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox.bwrap import bwrap_argv, exit_code
+from trajlab.sandbox.bwrap import PidNamespace, bwrap_argv, exit_code
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, mount_namespace_prefix, mount_tmpfs
 from trajlab.sandbox.errors import SandboxError
@@ -105,8 +105,10 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
-            result = run_process(self._launch_argv(argv), stdin, cwd=self.path, env=scrubbed_environment(self.path),
-                                 limits=self.limits, kill_leftovers=self._kill_leftovers)
+            pid_namespace = PidNamespace() if self._platform.bwrap is not None else None
+            result = run_process(self._launch_argv(argv, pid_namespace), stdin, cwd=self.path,
+                                 env=scrubbed_environment(self.path), limits=self.limits,
+                                 kill_leftovers=self._kill_leftovers, pid_namespace=pid_namespace)
         if self._platform.bwrap is not None:
             result = dataclasses.replace(result, exit_code=exit_code(result.exit_code))
         return result
@@ -139,7 +141,7 @@ class Sandbox:
     def __exit__(self, *exc_info: object) -> None:
         self.cleanup()
 
-    def _launch_argv(self, argv: list[str]) -> list[str]:
+    def _launch_argv(self, argv: list[str], pid_namespace: PidNamespace | None) -> list[str]:
         platform = self._platform
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         rlimits = [platform.prlimit, *rlimit_options(self.limits), "--"]
@@ -148,7 +150,8 @@ class Sandbox:
             # Root joins the cgroups and drops to the sandbox uid; bwrap makes the namespaces; the rlimits apply
             # inside, where RLIMIT_NPROC counts only the processes of the command's own user namespace.
             private_tmp = self._root / "tmp" if self._mounted else None
-            box = bwrap_argv(platform.bwrap, work=self.path, private_tmp=private_tmp, tmp_bytes=self.limits.disk_bytes)
+            box = bwrap_argv(platform.bwrap, work=self.path, private_tmp=private_tmp, tmp_bytes=self.limits.disk_bytes,
+                             pid_namespace=pid_namespace)
             return [*join, *identity, *box, *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import shutil
 from pathlib import Path
 
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import unmount
+from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.leases import Record, unlocked_leases
 from trajlab.sandbox.uids import kill_uid
+
+logger = logging.getLogger(__name__)
 
 #: Every sandbox directory's name starts so; nothing else is ever removed.
 DIR_PREFIX = "trajlab-sandbox-"
@@ -35,9 +39,14 @@ def remove_leftovers(record: Record) -> None:
         return
     if record.mounted and os.path.ismount(root):
         unmount(root)
+    if not root.exists():
+        return
     if os.geteuid() != 0:
         _make_removable(root)
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        shutil.rmtree(root)
+    except OSError as exc:  # kept in the lease, for the sweep of the next process that makes a sandbox
+        raise SandboxError(f"could not delete the sandbox directory {root}: {exc}") from exc
 
 
 @functools.cache
@@ -49,6 +58,10 @@ def sweep() -> int:
             if (record := lease.left_over()) is not None:
                 remove_leftovers(record)
                 swept += 1
+        except SandboxError as exc:  # one stuck directory must not keep this process from making sandboxes
+            logger.warning("%s; its lease %s is kept for the next sweep", exc, lease.path)
+            lease.release(clean=False)
+            continue
         except BaseException:
             lease.release(clean=False)  # kept, for its owner's next sweep or a person to read
             raise
