@@ -1,9 +1,10 @@
 """Isolated tool executions per second through the sandbox, against plain ``subprocess.run`` in the same run.
 
 Short shell tool calls run on a thread pool, as concurrent episodes would issue them: once through plain
-``subprocess.run`` (no isolation: the baseline), once through a fresh :class:`Sandbox` per execution (directory,
-uid, tmpfs and cgroups set up and torn down each time), once through one reused sandbox per worker (an episode's later
-turns), and once more reused with bubblewrap turned off (the fallback chain), to show what bubblewrap costs.
+``subprocess.run`` (no isolation: the baseline), once through one reused sandbox per worker (an episode's later turns:
+one long-lived bwrap per sandbox, each command forked inside it), once through a fresh :class:`Sandbox` per execution
+(directory, uid, tmpfs, cgroups and namespaces set up and torn down each time), and, reused again, with bwrap started
+for each command and with bubblewrap turned off (the fallback chain), to show what each design costs.
 
     .venv/bin/python benchmarks/sandbox_throughput.py --executions 200 --workers 8
 """
@@ -38,14 +39,14 @@ def fresh_sandbox(command: str) -> str:
 class ReusedSandboxes:
     """One sandbox per worker thread, kept for every execution that thread runs."""
 
-    def __init__(self, use_bubblewrap: bool = True) -> None:
-        self._use_bubblewrap = use_bubblewrap
+    def __init__(self, **options: bool) -> None:
+        self._options = options
         self._local = threading.local()
         self._all: list[Sandbox] = []
 
     def __call__(self, command: str) -> str:
         if not hasattr(self._local, "box"):
-            self._local.box = Sandbox(LIMITS, use_bubblewrap=self._use_bubblewrap)
+            self._local.box = Sandbox(LIMITS, **self._options)
             self._all.append(self._local.box)
         return self._local.box.run(command).stdout
 
@@ -79,17 +80,20 @@ def main() -> None:
     print(f"protections: {dataclasses.asdict(probe_protections())}")
     print(f"{args.executions} executions, {args.workers} workers, commands: {COMMANDS}")
 
-    reused, chain = ReusedSandboxes(), ReusedSandboxes(use_bubblewrap=False)
+    reused = ReusedSandboxes()
+    per_command = ReusedSandboxes(reuse_namespaces=False)
+    chain = ReusedSandboxes(use_bubblewrap=False)
     try:
         results = {
             "plain subprocess.run": throughput(plain, args.executions, args.workers),
-            "sandbox, fresh per execution": throughput(fresh_sandbox, args.executions, args.workers),
             "sandbox, reused per worker": throughput(reused, args.executions, args.workers),
+            "sandbox, fresh per execution": throughput(fresh_sandbox, args.executions, args.workers),
+            "reused, bwrap per command": throughput(per_command, args.executions, args.workers),
             "reused, fallback chain": throughput(chain, args.executions, args.workers),
         }
     finally:
-        reused.cleanup()
-        chain.cleanup()
+        for sandboxes in (reused, per_command, chain):
+            sandboxes.cleanup()
     baseline = results["plain subprocess.run"]
     for name, rate in results.items():
         print(f"{name:30s} {rate:8.1f} executions/s  ({rate / baseline:.2f}x plain)")

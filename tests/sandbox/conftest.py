@@ -12,5 +12,5 @@ from trajlab.sandbox import Sandbox
 
 @pytest.fixture(params=MODES)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
-    with Sandbox(FAST, use_bubblewrap=request.param) as box:
+    with Sandbox(FAST, **request.param) as box:
         yield box

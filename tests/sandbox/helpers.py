@@ -16,8 +16,11 @@ FAST = SandboxLimits(cpu_seconds=2, memory_bytes=512 << 20, file_size_bytes=1 <<
 needs_private_uid = pytest.mark.skipif(not PROTECTIONS.private_uid, reason="sandboxes share the host's uid here")
 needs_bwrap = pytest.mark.skipif(not PROTECTIONS.bubblewrap, reason="bubblewrap is missing or does not work here "
                                  "(scripts/setup_system.sh installs it as root)")
-#: Both ways of running commands, as ``use_bubblewrap``: bubblewrap (where it works) and the fallback chain.
-MODES = [pytest.param(True, id="bwrap", marks=needs_bwrap), pytest.param(False, id="chain")]
+#: The ways of running commands, as :class:`Sandbox` options: bubblewrap (where it works) with the namespaces made
+#: once per sandbox, bubblewrap started per command, and the fallback chain.
+MODES = [pytest.param({}, id="bwrap", marks=needs_bwrap),
+         pytest.param({"reuse_namespaces": False}, id="bwrap_per_command", marks=needs_bwrap),
+         pytest.param({"use_bubblewrap": False}, id="chain")]
 
 
 def running(marker: str) -> str:

@@ -3,6 +3,7 @@ next start-up sweep removes what was left)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.helpers import FAST, MODES, leftovers, needs_private_uid, running
+from tests.sandbox.helpers import FAST, MODES, leftovers, needs_bwrap, needs_private_uid, running
 from trajlab.sandbox import Sandbox
 from trajlab.sandbox.cgroups import CGROUP_ROOT, PARENT
 from trajlab.sandbox.leases import lease_dir
@@ -25,6 +26,17 @@ from trajlab.sandbox import Sandbox, SandboxLimits
 box = Sandbox(SandboxLimits(wall_timeout_s=60), use_bubblewrap=sys.argv[1] == "True")
 print(box.path, box.uid, flush=True)
 box.run("setsid sleep {marker} > /dev/null 2>&1 < /dev/null & ipcmk -Q > /dev/null; touch made; sleep {marker}")
+"""
+
+
+# The host: makes a sandbox, runs one command (which starts its command server) and waits, idle.
+IDLE_HOST = """
+import time
+from trajlab.sandbox import Sandbox
+box = Sandbox()
+box.run("touch made")
+print(box.path, box.uid, flush=True)
+time.sleep(60)
 """
 
 
@@ -42,10 +54,10 @@ def ipcs() -> str:
     return subprocess.run(["ipcs"], capture_output=True, text=True).stdout
 
 
-@pytest.mark.parametrize("use_bubblewrap", MODES)
-def test_cleanup_leaves_nothing(use_bubblewrap: bool) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_cleanup_leaves_nothing(mode: dict[str, bool]) -> None:
     before = ipcs()
-    box = Sandbox(FAST, use_bubblewrap=use_bubblewrap)
+    box = Sandbox(FAST, **mode)
     box.run("ipcmk -Q; echo x > /tmp/f; mkdir -p a/b && touch a/b/c")
     assert traces(box.path, str(box.uid)) != []
     box.cleanup()
@@ -77,3 +89,32 @@ def test_a_killed_host_leaves_nothing_after_the_next_start_up_sweep(use_bubblewr
     assert leftovers(marker) == ""
     assert traces(path, uid) == []
     assert ipcs() == before
+
+
+@needs_bwrap
+def test_a_killed_host_leaves_no_idle_command_server_behind() -> None:
+    host = subprocess.Popen([sys.executable, "-c", IDLE_HOST], stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    try:
+        path_text, uid = host.stdout.readline().split()
+        path = Path(path_text)
+        assert (path / "made").exists() and processes_in(path) != [], "the command server waits for the next command"
+    finally:
+        host.send_signal(signal.SIGKILL)
+        host.wait()
+    deadline = time.monotonic() + 2.0
+    while processes_in(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_in(path) == [], "--die-with-parent: the command server died with its host"
+    subprocess.run([sys.executable, "-c", "from trajlab.sandbox import sweep; sweep()"], check=True)
+    assert traces(path, uid) == []
+
+
+def processes_in(path: Path) -> list[int]:
+    """The processes whose working directory is ``path``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd") == str(path):
+                found.append(int(pid))
+    return found

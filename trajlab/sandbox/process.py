@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from trajlab.sandbox.bwrap import PidNamespace
 from trajlab.sandbox.errors import SandboxError
@@ -61,7 +61,7 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
     """
     started = time.monotonic()
     pass_fds = (pid_namespace.info_fd,) if pid_namespace is not None else ()
-    with _stdin_source(stdin) as source:
+    with stdin_file(stdin) as source:
         try:
             process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                                        env=env, umask=0o077, start_new_session=True, pass_fds=pass_fds)
@@ -70,12 +70,15 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
                 pid_namespace.abandon()
             raise SandboxError(f"could not start a sandbox command: {exc}") from exc
     drained = False
+    end = _ProcessEnd(process)
     try:
         if pid_namespace is not None:
             pid_namespace.attach(process.pid, limits.wall_timeout_s)
-        pumped = _pump(process, started + limits.wall_timeout_s, limits.max_output_bytes)
+        assert process.stdout is not None and process.stderr is not None
+        pumped = pump(process.stdout, process.stderr, end, started + limits.wall_timeout_s, limits.max_output_bytes)
         drained = pumped.drained
     finally:
+        end.close()
         _kill_group(process.pid)
         if not drained:  # something that left the process group may still hold the pipes
             kill_leftovers()
@@ -84,15 +87,38 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
             pipe.close()
         if pid_namespace is not None:
             pid_namespace.wait_for_end()
-    return SandboxResult(
-        exit_code=process.returncode,
-        stdout=pumped.stdout.text(),
-        stderr=pumped.stderr.text(),
-        timed_out=pumped.timed_out,
-        stdout_truncated=pumped.stdout.truncated,
-        stderr_truncated=pumped.stderr.truncated,
-        wall_s=time.monotonic() - started,
-    )
+    return pumped.result(process.returncode, started)
+
+
+class CommandEnd(Protocol):
+    """How :func:`pump` learns that the command's first process exited."""
+
+    #: Readable once the command may have ended; None: :meth:`ended` is polled.
+    fd: int | None
+
+    def ended(self) -> bool:
+        """Whether the command ended, without blocking."""
+        ...
+
+
+class _ProcessEnd:
+    """The end of a launched process; its process group is killed at once, so that background children cannot hold
+    the pipes open."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self._pid = process.pid
+        self.fd = _pidfd(process.pid)
+
+    def ended(self) -> bool:
+        if not _has_exited(self._pid):
+            return False
+        _kill_group(self._pid)
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _kill_group(pid: int) -> None:
@@ -106,10 +132,12 @@ def _has_exited(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _stdin_source(text: str | None) -> Iterator[IO[bytes] | int]:
-    """A file for the command's stdin: unlike a pipe, it cannot block the host when the command does not read it."""
+def stdin_file(text: str | None) -> Iterator[IO[bytes]]:
+    """A file for the command's stdin (``/dev/null`` for None): unlike a pipe, it cannot block the host when the
+    command does not read it."""
     if text is None:
-        yield subprocess.DEVNULL
+        with open(os.devnull, "rb") as devnull:
+            yield devnull
         return
     with tempfile.TemporaryFile() as file:
         file.write(text.encode())
@@ -137,11 +165,18 @@ class _Capture:
 
 
 @dataclasses.dataclass
-class _Pumped:
+class Pumped:
+    """What :func:`pump` read, and how the command ended."""
+
     stdout: _Capture
     stderr: _Capture
     timed_out: bool = False
     drained: bool = True  # every pipe reached end of file or was closed for going over the output cap
+
+    def result(self, exit_code: int, started: float) -> SandboxResult:
+        return SandboxResult(exit_code=exit_code, stdout=self.stdout.text(), stderr=self.stderr.text(),
+                             timed_out=self.timed_out, stdout_truncated=self.stdout.truncated,
+                             stderr_truncated=self.stderr.truncated, wall_s=time.monotonic() - started)
 
 
 def _pidfd(pid: int) -> int | None:
@@ -152,40 +187,37 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _pump(process: subprocess.Popen[bytes], deadline: float, limit: int) -> _Pumped:
-    """Read the command's stdout and stderr until it exited and both pipes closed, or the deadline passes.
+def pump(stdout: IO[bytes], stderr: IO[bytes], end: CommandEnd, deadline: float, limit: int) -> Pumped:
+    """Read the command's stdout and stderr until it ended and both pipes closed, or the deadline passes.
 
-    When the command exits, its process group is killed at once so that background children cannot hold the pipes
-    open; pipes still open after a short grace belong to a process that left the group. A stream going over the
-    output cap is closed: its writer then gets SIGPIPE/EPIPE, as with ``| head -c``.
+    Pipes still open a short grace after the command ended belong to a process that left it. A stream going over
+    the output cap is closed: its writer then gets SIGPIPE/EPIPE, as with ``| head -c``.
     """
-    pumped = _Pumped(_Capture(limit), _Capture(limit))
-    captures = {process.stdout: pumped.stdout, process.stderr: pumped.stderr}
-    pidfd = _pidfd(process.pid)
+    pumped = Pumped(_Capture(limit), _Capture(limit))
+    captures = {stdout: pumped.stdout, stderr: pumped.stderr}
     exited_at: float | None = None
-    with selectors.DefaultSelector() as selector, contextlib.ExitStack() as stack:
+    with selectors.DefaultSelector() as selector:
         for pipe in captures:
             selector.register(pipe, selectors.EVENT_READ)
-        if pidfd is not None:
-            stack.callback(os.close, pidfd)
-            selector.register(pidfd, selectors.EVENT_READ)
+        end_fd = end.fd
+        if end_fd is not None:
+            selector.register(end_fd, selectors.EVENT_READ)
         while True:
             now = time.monotonic()
             if now >= deadline:
                 pumped.timed_out, pumped.drained = exited_at is None, False
                 return pumped
-            if exited_at is None and _has_exited(process.pid):
+            if exited_at is None and end.ended():
                 exited_at = now
-                _kill_group(process.pid)
-                if pidfd is not None:
-                    selector.unregister(pidfd)
+                if end_fd is not None:
+                    selector.unregister(end_fd)
             if exited_at is not None and (not captures or now - exited_at >= _EXIT_GRACE_S):
                 pumped.drained = not captures
                 return pumped
             if exited_at is not None:
                 timeout = exited_at + _EXIT_GRACE_S - now
             else:
-                timeout = deadline - now if pidfd is not None else _POLL_S
+                timeout = deadline - now if end_fd is not None else _POLL_S
             for key, _ in selector.select(min(timeout, deadline - now)):
                 if key.fileobj in captures:
                     _read_into(selector, key.fileobj, captures)

@@ -15,6 +15,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,6 +80,8 @@ class Platform:
     protections: Protections
     unshare: str | None = None
     bwrap: str | None = None  # set when commands run under bubblewrap
+    #: The interpreter that runs each sandbox's command server inside bubblewrap (None: one bwrap per command).
+    server_python: str | None = None
 
 
 #: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
@@ -144,7 +147,20 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         bubblewrap=bwrap is not None,
         cgroup_limits=root and cgroups.available(),
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap)
+    server_python = _server_python([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)]) \
+        if bwrap is not None else None
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python)
+
+
+def _server_python(bwrap_prefix: list[str]) -> str | None:
+    """A Python 3.9+ (``socket.recv_fds``) that commands see under bubblewrap (they see the host's ``/usr``): this
+    process's own where it lives there, else the system's."""
+    own = os.path.realpath(sys.executable)
+    candidates = [own] if own.startswith("/usr/") else []
+    candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
+    check = "import contextlib, ctypes, json, resource, socket; socket.recv_fds"
+    return next((python for python in candidates
+                 if os.path.exists(python) and _works(bwrap_prefix, command=(python, "-I", "-S", "-c", check))), None)
 
 
 def _can_mount_private_tmp(unshare: str | None, bwrap: str | None) -> bool:
@@ -176,10 +192,10 @@ def _net_prefixes() -> list[tuple[str, ...]]:
     return [(unshare, "--net", "--ipc", "--"), (unshare, "--net", "--ipc", "--map-current-user", "--")]
 
 
-def _works(prefix: Sequence[str]) -> bool:
-    """Whether a no-op command runs under ``prefix`` on this host."""
+def _works(prefix: Sequence[str], command: Sequence[str] = (SHELL, "-c", ":")) -> bool:
+    """Whether ``command`` (a no-op) runs under ``prefix`` on this host."""
     try:
-        done = subprocess.run([*prefix, SHELL, "-c", ":"], env={"PATH": SAFE_PATH}, cwd="/",
+        done = subprocess.run([*prefix, *command], env={"PATH": SAFE_PATH}, cwd="/",
                               capture_output=True, timeout=HELPER_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False

@@ -25,9 +25,10 @@ from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, moun
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Lease, Record
-from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
+from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, rlimits, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
+from trajlab.sandbox.session import SERVER_INSIDE, SERVER_SOURCE, CommandSession
 from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
 from trajlab.sandbox.uids import identity_prefix, kill_uid, require_traversable
 
@@ -45,10 +46,13 @@ class Sandbox:
             host allows a disk quota, else the system's temporary directory.
         use_bubblewrap: False runs commands under the fallback chain even where bubblewrap works (for tests and
             comparisons; :func:`~trajlab.sandbox.require_strong_isolation` judges the default).
+        reuse_namespaces: under bubblewrap, make the namespaces once and fork each command inside them
+            (:mod:`trajlab.sandbox.session`); False starts bwrap for each command (for tests and comparisons; also
+            what happens where commands would see no Python 3.9+ to run the command server).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, base_dir: str | Path | None = None, *,
-                 use_bubblewrap: bool = True) -> None:
+                 use_bubblewrap: bool = True, reuse_namespaces: bool = True) -> None:
         self.limits = limits or SandboxLimits()
         self._platform = host_platform(use_bubblewrap)
         protections = self._platform.protections
@@ -56,6 +60,7 @@ class Sandbox:
         self._closed = False
         self._record: Record | None = None
         self._cgroup: SandboxCgroup | None = None
+        self._session: CommandSession | None = None
         sweep()
         self._lease = Lease.for_new_uid() if protections.private_uid else Lease.anonymous()
         self._mounted = protections.disk_quota
@@ -81,6 +86,9 @@ class Sandbox:
             if self._lease.uid is not None:
                 require_traversable(self.path)
                 os.chown(self.path, self._lease.uid, self._lease.uid)
+            if self._platform.bwrap is not None and self._platform.server_python is not None and reuse_namespaces:
+                self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
+                                               env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers)
         except BaseException:
             self._tear_down()
             raise
@@ -105,6 +113,8 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
+            if self._session is not None:
+                return self._session.run(argv, stdin, self.limits, rlimits(self.limits))
             pid_namespace = PidNamespace() if self._platform.bwrap is not None else None
             result = run_process(self._launch_argv(argv, pid_namespace), stdin, cwd=self.path,
                                  env=scrubbed_environment(self.path), limits=self.limits,
@@ -161,6 +171,16 @@ class Sandbox:
                                             network=platform.protections.network_namespace)
         return [*join, *rlimits, *namespaces, *identity, *argv]
 
+    def _session_argv(self, pid_namespace: PidNamespace) -> list[str]:
+        """What starts the sandbox's long-lived bwrap, up to the command server's argv."""
+        assert self._platform.bwrap is not None
+        join = self._cgroup.join_prefix() if self._cgroup is not None else []
+        private_tmp = self._root / "tmp" if self._mounted else None
+        box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
+                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace,
+                         server=(SERVER_SOURCE, SERVER_INSIDE))
+        return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
+
     def _kill_leftovers(self) -> None:
         if self._cgroup is not None:
             self._cgroup.kill()
@@ -173,6 +193,8 @@ class Sandbox:
             self._lease.release(clean=False)
             return
         try:
+            if self._session is not None:
+                self._session.close()
             self._kill_leftovers()
             remove_leftovers(dataclasses.replace(self._record, uid=None))  # its processes were just killed
         except BaseException:

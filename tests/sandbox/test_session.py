@@ -1,0 +1,94 @@
+"""A sandbox's long-lived bubblewrap: one namespace for its commands, a command server they cannot touch, and a new
+namespace after a timeout or the server's death."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.sandbox.helpers import FAST, needs_bwrap
+from trajlab.sandbox import Sandbox
+from trajlab.sandbox.session import SERVER_INSIDE
+
+pytestmark = needs_bwrap
+
+NAMESPACES = "readlink /proc/self/ns/pid /proc/self/ns/net /proc/self/ns/ipc"
+
+
+@pytest.fixture
+def box() -> Iterator[Sandbox]:
+    with Sandbox(FAST) as sandbox:
+        yield sandbox
+
+
+def test_commands_share_one_namespace_whose_init_is_the_server(box: Sandbox) -> None:
+    first, second = box.run(NAMESPACES), box.run(NAMESPACES)
+    assert first.stdout == second.stdout and first.stdout.count("[") == 3
+    assert SERVER_INSIDE in box.run("tr '\\000' ' ' < /proc/1/cmdline").stdout
+
+
+def test_commands_cannot_kill_stop_or_read_the_server(box: Sandbox) -> None:
+    namespaces = box.run(NAMESPACES).stdout
+    result = box.run("kill -KILL 1; kill -STOP 1; kill -INT 1; kill -TERM 1; cat /proc/1/environ; ls /proc/1/fd; "
+                     "ls /proc/1/root")
+    assert result.stderr.count("Permission denied") == 3
+    after = box.run(f"{NAMESPACES}; ps -o stat= -p 1")
+    assert after.stdout.startswith(namespaces) and after.stdout.split()[-1].startswith("S"), "the server still serves"
+
+
+def test_exit_statuses_are_exact(box: Sandbox) -> None:
+    """Unlike bwrap's own status (128 + N for signal N), the server reports the command's wait status."""
+    assert [box.run(command).exit_code for command in ("exit 137", "kill -TERM $$", "exit 0")] == [137, -15, 0]
+
+
+def test_a_timeout_takes_the_namespace_and_the_next_command_gets_a_new_one() -> None:
+    with Sandbox(dataclasses.replace(FAST, wall_timeout_s=0.5)) as box:
+        before = box.run(NAMESPACES).stdout
+        assert box.run("sleep 10").timed_out
+        after = box.run(NAMESPACES)
+    assert after.exit_code == 0 and set(after.stdout.splitlines()).isdisjoint(before.splitlines())
+
+
+def test_the_servers_death_mid_command_reads_as_killed_and_the_next_command_works(box: Sandbox) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(box.run, "touch started; sleep 10")
+        while not (box.path / "started").exists():
+            time.sleep(0.01)
+        os.kill(_server(box), signal.SIGKILL)  # as the kernel's OOM killer would, say
+        result = running.result(timeout=2)
+    assert result.exit_code == -signal.SIGKILL and not result.timed_out
+    assert box.run("echo back").stdout == "back\n"
+
+
+def test_a_server_gone_between_commands_is_replaced(box: Sandbox) -> None:
+    before = box.run(NAMESPACES).stdout
+    os.kill(_server(box), signal.SIGKILL)
+    after = box.run(NAMESPACES)
+    assert after.exit_code == 0 and after.stdout != before
+
+
+def _server(box: Sandbox) -> int:
+    return next(pid for pid in _pids() if _cwd(pid) == str(box.path) and SERVER_INSIDE in _cmdline(pid))
+
+
+def _pids() -> list[int]:
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit()]
+
+
+def _cwd(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/{pid}/cwd")
+    return ""
+
+
+def _cmdline(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().decode(errors="replace")
+    return ""
