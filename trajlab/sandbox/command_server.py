@@ -8,7 +8,7 @@ else in the namespace and reaps it: nothing a command starts outlives it, as und
 
 It runs under the system's ``python3 -I -S`` with the standard library only (trajlab is not visible inside). The
 host's socket (SOCK_SEQPACKET) is the descriptor named by its one argument. Per command the host sends a JSON request
-(argv, env, cwd, umask, rlimits) with the command's stdin, stdout and stderr as ancillary descriptors; the server
+(argv, env) with the command's stdin, stdout and stderr as ancillary descriptors; the server
 answers ``{"started": true}`` once it forked the command and ``{"status": <wait status>}`` once nothing of the command
 is left. It exits when the host closes the socket.
 """
@@ -17,12 +17,12 @@ import contextlib
 import ctypes
 import json
 import os
-import resource
 import signal
 import socket
 import sys
 
 _PR_SET_DUMPABLE = 4
+_CANNOT_RUN = 127 << 8  # the wait status of exit code 127
 _MAX_REQUEST_BYTES = 1 << 20
 _STREAMS = 3  # stdin, stdout, stderr
 
@@ -34,39 +34,35 @@ def main() -> None:
     if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         sys.exit(f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
     control = socket.socket(fileno=int(sys.argv[1]))
+    control.set_inheritable(False)
     control.send(b'{"ready": true}')
     while True:
         message, fds, _, _ = socket.recv_fds(control, _MAX_REQUEST_BYTES, _STREAMS)
         if not message:
             return
-        pid = os.fork()
-        if pid == 0:
-            _run(json.loads(message), fds)
-        for fd in fds:
-            os.close(fd)
+        pid = _spawn(json.loads(message), fds)
         control.send(b'{"started": true}')
-        _, status = os.waitpid(pid, 0)
+        status = os.waitpid(pid, 0)[1] if pid is not None else _CANNOT_RUN
         _kill_the_rest()
         control.send(json.dumps({"status": status}).encode())
 
 
-def _run(request: dict, fds: list) -> None:
-    """In the forked child: become the command (never returns)."""
+def _spawn(request: dict, fds: list) -> int | None:
+    """Start the command in its own session, in the server's directory, with ``fds`` as its stdin, stdout and
+    stderr (vfork and exec: no copy of the server's memory); None when it could not be started."""
+    argv = request["argv"]
     try:
-        os.setsid()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-        os.closerange(_STREAMS, os.sysconf("SC_OPEN_MAX"))
-        for name in ("SIGPIPE", "SIGXFSZ"):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-        os.umask(request["umask"])
-        os.chdir(request["cwd"])
-        for name, soft, hard in request["rlimits"]:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        os.execvpe(request["argv"][0], request["argv"], request["env"])
-    except BaseException as exc:  # as a shell reports a command it cannot run
-        os.write(2, f"{request['argv'][0]}: {exc}\n".encode(errors="replace"))
-    os._exit(127)
+        for fd in fds:
+            os.set_inheritable(fd, False)  # the command gets them as 0, 1 and 2 only
+        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
+        return os.posix_spawnp(argv[0], argv, request["env"], file_actions=actions, setsid=True,
+                               setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except OSError as exc:  # as a shell reports a command it cannot run
+        os.write(fds[2], f"{argv[0]}: {exc.strerror}\n".encode(errors="replace"))
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _kill_the_rest() -> None:

@@ -42,21 +42,16 @@ class SandboxLimits:
                 raise ValueError(f"SandboxLimits.{field.name} must be a positive {kind}, got {value!r}")
 
 
-def rlimits(limits: SandboxLimits) -> list[tuple[str, int, int]]:
-    """The ``(resource, soft, hard)`` rlimits that apply ``limits`` to a command (and no core dumps)."""
-    return [
-        ("RLIMIT_CPU", limits.cpu_seconds, limits.cpu_seconds + 1),  # SIGXCPU, then SIGKILL a second later
-        ("RLIMIT_AS", limits.memory_bytes, limits.memory_bytes),
-        ("RLIMIT_FSIZE", limits.file_size_bytes, limits.file_size_bytes),
-        ("RLIMIT_NPROC", limits.max_processes, limits.max_processes),
-        ("RLIMIT_NOFILE", limits.open_files, limits.open_files),
-        ("RLIMIT_CORE", 0, 0),
-    ]
-
-
 def rlimit_options(limits: SandboxLimits) -> list[str]:
-    """``prlimit`` options applying :func:`rlimits`."""
-    return [f"--{name.removeprefix('RLIMIT_').lower()}={soft}:{hard}" for name, soft, hard in rlimits(limits)]
+    """``prlimit`` options applying ``limits`` to a command (and no core dumps)."""
+    return [
+        f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 1}",  # SIGXCPU, then SIGKILL a second later
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.file_size_bytes}",
+        f"--nproc={limits.max_processes}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+    ]
 
 
 def scrubbed_environment(home: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, moun
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Lease, Record
-from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, rlimits, scrubbed_environment
+from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, SERVER_SOURCE, CommandSession
@@ -114,7 +114,8 @@ class Sandbox:
         with self._lock:
             self._require_open()
             if self._session is not None:
-                return self._session.run(argv, stdin, self.limits, rlimits(self.limits))
+                limited = [self._platform.prlimit, *rlimit_options(self.limits), "--", *argv]
+                return self._session.run(limited, stdin, self.limits)
             pid_namespace = PidNamespace() if self._platform.bwrap is not None else None
             result = run_process(self._launch_argv(argv, pid_namespace), stdin, cwd=self.path,
                                  env=scrubbed_environment(self.path), limits=self.limits,

@@ -52,16 +52,15 @@ class CommandSession:
         self._control: socket.socket | None = None
         self._pid_namespace: PidNamespace | None = None
 
-    def run(self, argv: list[str], stdin: str | None, limits: SandboxLimits, rlimits: list[tuple[str, int, int]]) \
-            -> SandboxResult:
-        """Run ``argv`` as a fork of the server, within ``limits``' wall timeout and output cap.
+    def run(self, argv: list[str], stdin: str | None, limits: SandboxLimits) -> SandboxResult:
+        """Run ``argv`` (which applies its own rlimits) as the server's child, within ``limits``' wall timeout and
+        output cap.
 
         A server that died before it took the command (killed from outside since the last one) is replaced, and the
         command sent again.
         """
         started = time.monotonic()
-        request = json.dumps({"argv": argv, "env": self._env, "cwd": str(self._cwd), "umask": _UMASK,
-                              "rlimits": rlimits}).encode()
+        request = json.dumps({"argv": argv, "env": self._env}).encode()
         for _ in range(2):
             control = self._control if self._process is not None else self._start()
             assert control is not None
