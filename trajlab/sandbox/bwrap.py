@@ -108,7 +108,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         bwrap: the ``bwrap`` executable.
         work: the sandbox's working directory, seen at the same path inside.
         private_tmp: a directory (on the sandbox's capped tmpfs) bound over each of :data:`PRIVATE_TMP_DIRS`, so that
-            its files stay from one command to the next; None gives each command fresh tmpfs of ``tmp_bytes`` each.
+            its files stay as long as the sandbox; None gives each bwrap fresh tmpfs of ``tmp_bytes`` each.
         tmp_bytes: the size cap of each fresh tmpfs when ``private_tmp`` is None.
         pid_namespace: where bwrap reports the namespace's init, for the host to wait for its end.
         server: the command server's file on the host and where to bind it inside, read-only; the command then runs

@@ -56,7 +56,8 @@ class Protections:
     inode_quota: bool = False
     #: Commands run under bubblewrap: their own user, PID, IPC, network, UTS, cgroup and mount namespaces, no nested
     #: user namespaces, a read-only system, the host's processes, files and unix sockets out of sight, and nothing
-    #: they start outlives them. Without root, /tmp, /var/tmp and /dev/shm are each a fresh tmpfs of ``disk_bytes``.
+    #: they start outlives them. Without root, /tmp, /var/tmp and /dev/shm are each a tmpfs of ``disk_bytes``, made
+    #: with the sandbox's namespaces (again after a command timed out).
     bubblewrap: bool = False
     #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
     cgroup_limits: bool = False
