@@ -101,7 +101,7 @@ def _is_child(pid: int, *, of: int) -> bool:
 
 
 def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
-               pid_namespace: PidNamespace | None = None, server: tuple[Path, str] | None = None) -> list[str]:
+               pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None) -> list[str]:
     """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
 
     Args:
@@ -111,8 +111,8 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
             its files stay as long as the sandbox; None gives each bwrap fresh tmpfs of ``tmp_bytes`` each.
         tmp_bytes: the size cap of each fresh tmpfs when ``private_tmp`` is None.
         pid_namespace: where bwrap reports the namespace's init, for the host to wait for its end.
-        server: the command server's file on the host and where to bind it inside, read-only; the command then runs
-            as the PID namespace's init (:mod:`trajlab.sandbox.command_server`).
+        server: a descriptor holding the command server's source and where to put it inside, read-only; the command
+            then runs as the PID namespace's init (:mod:`trajlab.sandbox.command_server`).
     """
     info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
     argv = [bwrap, *info, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
@@ -134,7 +134,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
     if work is not None:
         argv += ["--bind", str(work), str(work)]
     if server is not None:
-        argv += ["--as-pid-1", "--ro-bind", str(server[0]), server[1]]
+        argv += ["--as-pid-1", "--ro-bind-data", str(server[0]), server[1]]
     return [*argv, "--chdir", str(work or "/"), "--"]
 
 

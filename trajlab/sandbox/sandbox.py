@@ -28,7 +28,7 @@ from trajlab.sandbox.leases import Lease, Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
-from trajlab.sandbox.session import SERVER_INSIDE, SERVER_SOURCE, CommandSession
+from trajlab.sandbox.session import SERVER_INSIDE, CommandSession
 from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
 from trajlab.sandbox.uids import identity_prefix, kill_uid, require_traversable
 
@@ -172,14 +172,14 @@ class Sandbox:
                                             network=platform.protections.network_namespace)
         return [*join, *rlimits, *namespaces, *identity, *argv]
 
-    def _session_argv(self, pid_namespace: PidNamespace) -> list[str]:
+    def _session_argv(self, pid_namespace: PidNamespace, server_source: int) -> list[str]:
         """What starts the sandbox's long-lived bwrap, up to the command server's argv."""
         assert self._platform.bwrap is not None
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace,
-                         server=(SERVER_SOURCE, SERVER_INSIDE))
+                         server=(server_source, SERVER_INSIDE))
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
 
     def _kill_leftovers(self) -> None:

@@ -10,6 +10,7 @@ or whose output cannot be read to the end, takes the whole namespace with it, an
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -25,7 +26,8 @@ from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SandboxLimits
 from trajlab.sandbox.process import SandboxResult, pump, stdin_file
 
-#: The server's source on the host, and where commands' namespaces see it (read-only).
+#: The server's source, and where commands' namespaces see it (a read-only copy: the sandbox's uid may not be able to
+#: reach the installed file, in a clone under a private directory, say).
 SERVER_SOURCE = Path(__file__).with_name("command_server.py")
 SERVER_INSIDE = "/run/trajlab/command_server.py"
 _MAX_REPLY_BYTES = 4096
@@ -36,14 +38,14 @@ class CommandSession:
     """One long-lived bwrap running the command server, for one sandbox's commands, one at a time.
 
     Args:
-        launch_prefix: builds the argv that starts bwrap (with the server bound and as PID 1), up to the server's own
-            argv, given the namespace watch to report to.
+        launch_prefix: builds the argv that starts bwrap (with the server as PID 1), up to the server's own argv, given
+            the namespace watch to report to and the descriptor bwrap reads the server's source from.
         python: the interpreter that runs the server, as commands see it.
         cwd, env: the server's (and each command's) working directory and environment.
         kill_leftovers: kills what the sandbox's uid or cgroups still run, when the namespace is torn down.
     """
 
-    def __init__(self, launch_prefix: Callable[[PidNamespace], list[str]], python: str, *, cwd: Path,
+    def __init__(self, launch_prefix: Callable[[PidNamespace, int], list[str]], python: str, *, cwd: Path,
                  env: dict[str, str], kill_leftovers: Callable[[], None]) -> None:
         self._launch_prefix, self._python = launch_prefix, python
         self._cwd, self._env = cwd, env
@@ -111,18 +113,21 @@ class CommandSession:
     def _start(self) -> socket.socket:
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid_namespace = PidNamespace()
-        argv = [*self._launch_prefix(pid_namespace), self._python, "-I", "-S", SERVER_INSIDE,
+        source = _source_pipe()
+        argv = [*self._launch_prefix(pid_namespace, source), self._python, "-I", "-S", SERVER_INSIDE,
                 str(server_end.fileno())]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.PIPE, cwd=self._cwd, env=self._env, umask=_UMASK,
-                                       start_new_session=True, pass_fds=(server_end.fileno(), pid_namespace.info_fd))
+                                       start_new_session=True,
+                                       pass_fds=(server_end.fileno(), pid_namespace.info_fd, source))
         except OSError as exc:
             pid_namespace.abandon()
             host_end.close()
             raise SandboxError(f"could not start a sandbox's command server: {exc}") from exc
         finally:
             server_end.close()
+            os.close(source)
         self._process, self._control, self._pid_namespace = process, host_end, pid_namespace
         pid_namespace.attach(process.pid, HELPER_TIMEOUT_S)
         ready = select.select([host_end], [], [], HELPER_TIMEOUT_S)[0] and host_end.recv(_MAX_REPLY_BYTES)
@@ -133,6 +138,21 @@ class CommandSession:
             self.close()
             raise SandboxError(f"a sandbox's command server did not start: {why or 'no reply'}")
         return host_end
+
+
+def _source_pipe() -> int:
+    """A pipe holding the server's source, read to its end by bwrap (``--ro-bind-data``)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, _server_source())  # a few KiB: within the pipe's buffer
+    finally:
+        os.close(write)
+    return read
+
+
+@functools.cache
+def _server_source() -> bytes:
+    return SERVER_SOURCE.read_bytes()
 
 
 class _ServerEnd:
