@@ -69,7 +69,10 @@ def test_the_servers_death_mid_command_reads_as_killed_and_the_next_command_work
 
 def test_a_server_gone_between_commands_is_replaced(box: Sandbox) -> None:
     before = box.run(NAMESPACES).stdout
-    os.kill(_server(box), signal.SIGKILL)
+    server = _server(box)
+    os.kill(server, signal.SIGKILL)
+    while _state(server) not in ("", "Z"):  # dead before the next command, not while taking it
+        time.sleep(0.01)
     after = box.run(NAMESPACES)
     assert after.exit_code == 0 and after.stdout != before
 
@@ -85,6 +88,13 @@ def _pids() -> list[int]:
 def _cwd(pid: int) -> str:
     with contextlib.suppress(OSError):
         return os.readlink(f"/proc/{pid}/cwd")
+    return ""
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``Z``: a zombie), or "" when it is gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
     return ""
 
 
