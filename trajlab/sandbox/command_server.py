@@ -1,6 +1,6 @@
 """The command server: PID 1 of a sandbox's long-lived bubblewrap namespaces, running its commands one at a time.
 
-Why: starting bwrap (seven namespaces, about 40 mounts) costs about 10 ms a command; forking from a process already
+Why: starting bwrap (seven namespaces, about 40 mounts) costs about 10 ms a command; spawning from a process already
 inside costs about 1 ms. As the PID namespace's init the server cannot be killed or stopped from inside (the kernel
 drops signals sent to an init from its own namespace unless it handles them), and, made non-dumpable, commands that
 run as its uid cannot trace it or open its descriptors. After each command's first process exits, it kills everything
@@ -9,7 +9,7 @@ else in the namespace and reaps it: nothing a command starts outlives it, as und
 It runs under the system's ``python3 -I -S`` with the standard library only (trajlab is not visible inside). The
 host's socket (SOCK_SEQPACKET) is the descriptor named by its one argument. Per command the host sends a JSON request
 (argv, env) with the command's stdin, stdout and stderr as ancillary descriptors; the server
-answers ``{"started": true}`` once it forked the command and ``{"status": <wait status>}`` once nothing of the command
+answers ``{"started": true}`` once it started the command and ``{"status": <wait status>}`` once nothing of the command
 is left. It exits when the host closes the socket.
 """
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 SHELL = "/bin/sh"
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+#: Files commands create are private to the sandbox's uid.
+COMMAND_UMASK = 0o077
 #: How long the sandbox's own helper commands (probes, mounts, kills) may take.
 HELPER_TIMEOUT_S = 10.0
 

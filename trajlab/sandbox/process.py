@@ -21,7 +21,7 @@ from typing import IO, Protocol
 
 from trajlab.sandbox.bwrap import PidNamespace
 from trajlab.sandbox.errors import SandboxError
-from trajlab.sandbox.limits import SandboxLimits
+from trajlab.sandbox.limits import COMMAND_UMASK, SandboxLimits
 
 _READ_CHUNK = 1 << 16
 _POLL_S = 0.05  # how often to check whether the command exited while its pipes stay open
@@ -64,7 +64,7 @@ def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str,
     with stdin_file(stdin) as source:
         try:
             process = subprocess.Popen(argv, stdin=source, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                                       env=env, umask=0o077, start_new_session=True, pass_fds=pass_fds)
+                                       env=env, umask=COMMAND_UMASK, start_new_session=True, pass_fds=pass_fds)
         except OSError as exc:  # the host could not start it (no processes or memory left, a launcher gone)
             if pid_namespace is not None:
                 pid_namespace.abandon()

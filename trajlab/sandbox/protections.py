@@ -154,12 +154,12 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:
-    """A Python 3.9+ (``socket.recv_fds``) that commands see under bubblewrap (they see the host's ``/usr``): this
-    process's own where it lives there, else the system's."""
+    """A Python 3.9+ (``socket.recv_fds``) that commands see under bubblewrap (they see the host's ``/usr``) and that
+    has what the command server imports: this process's own where it lives there, else the system's."""
     own = os.path.realpath(sys.executable)
     candidates = [own] if own.startswith("/usr/") else []
     candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
-    check = "import contextlib, ctypes, json, resource, socket; socket.recv_fds"
+    check = "import contextlib, ctypes, json, os, signal, socket; socket.recv_fds; os.posix_spawnp"
     return next((python for python in candidates
                  if os.path.exists(python) and _works(bwrap_prefix, command=(python, "-I", "-S", "-c", check))), None)
 

@@ -46,7 +46,7 @@ class Sandbox:
             host allows a disk quota, else the system's temporary directory.
         use_bubblewrap: False runs commands under the fallback chain even where bubblewrap works (for tests and
             comparisons; :func:`~trajlab.sandbox.require_strong_isolation` judges the default).
-        reuse_namespaces: under bubblewrap, make the namespaces once and fork each command inside them
+        reuse_namespaces: under bubblewrap, make the namespaces once and start each command inside them
             (:mod:`trajlab.sandbox.session`); False starts bwrap for each command (for tests and comparisons; also
             what happens where commands would see no Python 3.9+ to run the command server).
     """
@@ -158,12 +158,9 @@ class Sandbox:
         rlimits = [platform.prlimit, *rlimit_options(self.limits), "--"]
         identity = identity_prefix(platform.setpriv, self.uid)
         if platform.bwrap is not None:
-            # Root joins the cgroups and drops to the sandbox uid; bwrap makes the namespaces; the rlimits apply
-            # inside, where RLIMIT_NPROC counts only the processes of the command's own user namespace.
-            private_tmp = self._root / "tmp" if self._mounted else None
-            box = bwrap_argv(platform.bwrap, work=self.path, private_tmp=private_tmp, tmp_bytes=self.limits.disk_bytes,
-                             pid_namespace=pid_namespace)
-            return [*join, *identity, *box, *rlimits, *argv]
+            # The rlimits apply inside, where RLIMIT_NPROC counts only the processes of the command's own user
+            # namespace.
+            return [*self._bwrap_prefix(pid_namespace), *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
@@ -174,12 +171,15 @@ class Sandbox:
 
     def _session_argv(self, pid_namespace: PidNamespace, server_source: int) -> list[str]:
         """What starts the sandbox's long-lived bwrap, up to the command server's argv."""
+        return self._bwrap_prefix(pid_namespace, server=(server_source, SERVER_INSIDE))
+
+    def _bwrap_prefix(self, pid_namespace: PidNamespace | None, server: tuple[int, str] | None = None) -> list[str]:
+        """Root joins the cgroups and drops to the sandbox uid, then bwrap makes the namespaces."""
         assert self._platform.bwrap is not None
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
-                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace,
-                         server=(server_source, SERVER_INSIDE))
+                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server)
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
 
     def _kill_leftovers(self) -> None:

@@ -1,10 +1,11 @@
-"""A sandbox's long-lived bubblewrap: its namespaces made once, its commands forked inside by the command server.
+"""A sandbox's long-lived bubblewrap: its namespaces made once, its commands started inside by the command server.
 
 Why: making seven namespaces and about 40 mounts for every command capped a sandbox at about 100 commands/s on 2
 cores. Here bwrap starts once per sandbox (lazily, on its first command) with :mod:`trajlab.sandbox.command_server`
-as the PID namespace's init, and each command is a fork of it that writes straight into the host's pipes. What a
-command left running is killed before its call returns, as with one bwrap per command; a command that times out,
-or whose output cannot be read to the end, takes the whole namespace with it, and the next command starts a new one.
+as the PID namespace's init, and each command is its child (vfork and exec), writing straight into the host's
+pipes. What a command left running is killed before its call returns, as with one bwrap per command; a command that
+times out, or whose output cannot be read to the end, takes the whole namespace with it, and the next command starts
+a new one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from trajlab.sandbox.bwrap import PidNamespace
 from trajlab.sandbox.errors import SandboxError
-from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SandboxLimits
+from trajlab.sandbox.limits import COMMAND_UMASK, HELPER_TIMEOUT_S, SandboxLimits
 from trajlab.sandbox.process import SandboxResult, pump, stdin_file
 
 #: The server's source, and where commands' namespaces see it (a read-only copy: the sandbox's uid may not be able to
@@ -31,7 +32,6 @@ from trajlab.sandbox.process import SandboxResult, pump, stdin_file
 SERVER_SOURCE = Path(__file__).with_name("command_server.py")
 SERVER_INSIDE = "/run/trajlab/command_server.py"
 _MAX_REPLY_BYTES = 4096
-_UMASK = 0o077
 
 
 class CommandSession:
@@ -118,7 +118,7 @@ class CommandSession:
                 str(server_end.fileno())]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.PIPE, cwd=self._cwd, env=self._env, umask=_UMASK,
+                                       stderr=subprocess.PIPE, cwd=self._cwd, env=self._env, umask=COMMAND_UMASK,
                                        start_new_session=True,
                                        pass_fds=(server_end.fileno(), pid_namespace.info_fd, source))
         except OSError as exc:
