@@ -6,13 +6,14 @@ A module of its own: the rollout worker tests hold their cluster's CPUs for thei
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from trajlab.chat.template import resolve_chat_template
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.models import load_model, load_tokenizer
-from trajlab.train.rl import run_rl
+from trajlab.train.rl import CHECKPOINT, run_rl
 
 from ..rollout.dying_env import LENGTH, arm
 from ..rollout.length_env import SLOW
@@ -24,39 +25,50 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, mon
     """Two RL steps: the workers sample what the in-process engine samples (seeded per episode and turn), take the
     trainer's weights after the first step, and the update ends at the same weights; a worker killed in the middle
     of the second step costs nothing: its episodes are run again on its replacement (which gets the trained weights),
-    none is lost, none is trained twice, none reaches the update as a zero reward."""
-    tiny_model_dir = terse_model_dir
+    none is lost, none is trained twice, none reaches the update as a zero reward.
+
+    The second step is compared with an in-process run resumed from the workers run's own checkpoint of the first
+    step: two trainers' first updates differ by ~1e-5 (their samplers' logprobs by ~1e-7, which Adam magnifies where
+    gradients are near its eps), enough to flip a sampled token now and then, so only the same weights can promise
+    the same samples."""
     marker = tmp_path / "died"
     arm(monkeypatch, marker, task_id="train-2")  # the second step's first task (two tasks a step, in order)
-    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer = load_tokenizer(terse_model_dir)
     settings = RLSettings(steps=2, tasks_per_step=2, group_size=4, learning_rate=1e-3, temperature=1.0,
-                          rewards={"env": 1.0}, importance_sampling="on")
-    # "on" in both runs: with workers (another sampler) auto would turn it on, in-process off, and Adam magnifies
-    # the resulting difference of ~1e-7 in gradients this small (no signal means no scale) into visible weight noise
-    finals, steps = [], []
-    for name, workers in (("in_process", 0), ("workers", 2)):
+                          rewards={"env": 1.0}, importance_sampling="on", save_steps=1)
+    # "on" in both runs: with workers (another sampler) auto would turn it on, in-process off
+    first_step = tmp_path / "resumed" / CHECKPOINT
+
+    def keep_first_step(record: dict[str, float]) -> None:  # called before the second step's checkpoint replaces it
+        if record["step"] == 2:
+            shutil.copytree(tmp_path / "workers" / CHECKPOINT, first_step)
+
+    def rl(name: str, workers: int, **kwargs: object) -> list[dict[str, float]]:
         rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers,
                                   retry_backoff_s=0.1)
-        out = tmp_path / name
-        finals.append(load_model(run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer),
-                                        LENGTH, settings, rollout, out, device="cpu")))
-        steps.append([json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()])
+        run_rl(terse_model_dir, tokenizer, resolve_chat_template(tokenizer), LENGTH, settings, rollout,
+               tmp_path / name, device="cpu", **kwargs)
+        return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    in_process = rl("in_process", 0)
+    remote = rl("workers", 2, on_step=keep_first_step)
+    resumed = rl("resumed", 0, resume=True)
     assert marker.exists(), "a worker was killed"
-    assert [step["rollout/workers_replaced"] for step in steps[1]] == [0, 1]
-    assert steps[1][1]["rollout/retries"] >= 1 and steps[1][1]["rollout/errors"] == 0, "its episodes ran again"
-    for local, remote in zip(*steps, strict=True):
-        assert remote["reward/mean"] == local["reward/mean"]
-        assert remote["rollout/mean_turns"] == local["rollout/mean_turns"]
-        assert remote["rollout/episodes"] == local["rollout/episodes"] == 8, "none lost, none twice"
-        assert remote["mismatch/abs_logprob"] < 1e-4, "the workers sampled from the trainer's weights"
-    trained = [[step["optim/trained_sequences"] for step in run] for run in steps]
-    assert trained[0] == trained[1] and sum(trained[0]) > 0, "the same rollouts trained, and a real update"
+    assert [step["rollout/workers_replaced"] for step in remote] == [0, 1]
+    assert remote[1]["rollout/retries"] >= 1 and remote[1]["rollout/errors"] == 0, "its episodes ran again"
+    assert [step["step"] for step in resumed] == [2]
+    for local, on_workers in ((in_process[0], remote[0]), (resumed[0], remote[1])):
+        assert on_workers["reward/mean"] == local["reward/mean"]
+        assert on_workers["rollout/mean_turns"] == local["rollout/mean_turns"]
+        assert on_workers["optim/trained_sequences"] == local["optim/trained_sequences"] > 0, "the same trained"
+        assert on_workers["rollout/episodes"] == local["rollout/episodes"] == 8, "none lost, none twice"
+        assert on_workers["mismatch/abs_logprob"] < 1e-4, "the workers sampled from the trainer's weights"
     # Adam's first step moves each weight by about the learning rate whatever the gradient's scale; the two runs'
     # sampler logprobs differ by ~1e-7 (two processes), which moves weights whose gradient is near Adam's eps.
     start = load_model(terse_model_dir).state_dict()
-    moved = max((w - start[n]).abs().max().item() for n, w in finals[0].state_dict().items())
-    apart = max((a - b).abs().max().item() for a, b in zip(finals[0].state_dict().values(),
-                                                           finals[1].state_dict().values(), strict=True))
+    finals = [load_model(tmp_path / name / "final").state_dict() for name in ("workers", "resumed")]
+    moved = max((w - start[n]).abs().max().item() for n, w in finals[0].items())
+    apart = max((a - b).abs().max().item() for a, b in zip(finals[0].values(), finals[1].values(), strict=True))
     assert moved > 0.5 * settings.learning_rate and apart < 0.1 * settings.learning_rate, (moved, apart)
 
 
