@@ -35,6 +35,7 @@ from trajlab.env.builtin.ctf_oracle import exploit, peel
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.sandbox import Sandbox, probe_protections
+from trajlab.sandbox.session import SERVER_INSIDE
 
 PROTECTIONS = probe_protections()
 FAKE_FLAG = "flag{deadbeefdeadbeefdeadbeef}"
@@ -217,12 +218,15 @@ def test_an_adversarial_episode_scores_nothing_and_leaves_the_host_alone(tiny_to
         assert not list(Path("/tmp").glob("ctf-adversary-*"))
     assert replies[-1] == "Wrong flag. 2 submissions left."
     assert trajectory.reward == 0.0 and trajectory.status != "success"
-    # The host is fine: it still forks, a new sandbox works, and nothing of the episode's uid is left running.
+    # The host is fine: it still forks, a new sandbox works, and nothing the episode started is left running: of its
+    # uid only the sandbox's bwrap and command server, which wait in the pool for the next episode.
     assert subprocess.run(["true"]).returncode == 0
     with Sandbox() as box:
         assert box.run("echo ok").stdout == "ok\n"
-    alive = subprocess.run(["ps", "-o", "stat=", "-u", uid], capture_output=True, text=True).stdout.split()
-    assert all(state.startswith("Z") for state in alive), alive  # zombies wait for the host's init to reap them
+    alive = subprocess.run(["ps", "-o", "stat=,args=", "-u", uid], capture_output=True, text=True).stdout
+    started = [line for line in alive.splitlines() if not line.split()[0].startswith("Z")
+               and SERVER_INSIDE not in line and not line.split()[1].endswith("bwrap")]
+    assert started == [], alive  # zombies wait for the host's init to reap them
 
 
 def test_a_command_is_stopped_at_the_time_limit_and_long_output_is_cut(monkeypatch):
@@ -330,20 +334,28 @@ def test_encodings_round_trip_and_chains_stay_readable():
         assert peel(encoded.strip()) == FAKE_FLAG
 
 
-def test_sandboxes_are_removed_at_close_at_reset_at_the_end_and_with_the_env():
+def test_sandboxes_are_given_back_wiped_at_close_at_reset_at_the_end_and_with_the_env():
+    """An episode's sandboxes go back to their pools, wiped, when it is closed, reset, won or garbage-collected; the
+    next episode gets one back holding its own challenge's files and nothing of the last one's."""
+    def wiped(path: Path) -> bool:
+        return not path.exists() or not any(path.iterdir())
+
     env = started(task_of("hidden"))
     closed = sandbox_dir(env)
+    env.run("echo left > left-behind.txt")
     env.close()
-    assert not closed.exists()
+    assert wiped(closed)
     env.reset(**task_of("service"))
     first = sandbox_dir(env)
+    names = {path.name for path in first.iterdir()}
+    assert first == closed and "service.py" in names and "left-behind.txt" not in names, "reused, with its own files"
     env.reset(**task_of("hidden"))
     second = sandbox_dir(env)
-    assert not first.exists() and second.exists() and first != second
+    assert not (second / "service.py").exists() and not (second / "left-behind.txt").exists()
     env.submit_flag(flag_of_hidden(env))
-    assert env.done and not second.exists()
+    assert env.done and wiped(second)
     env.reset(**task_of("cipher"))
     third = sandbox_dir(env)
     del env
     gc.collect()
-    assert not third.exists()
+    assert wiped(third)

@@ -4,9 +4,10 @@ Why: a real, audited tool gives each command its own user, PID, IPC, network, UT
 few milliseconds, as root and unprivileged. Inside, the command sees a read-only ``/usr`` and a short list of ``/etc``
 files (never the host's home, ``/run``, ``/var`` or ``/sys``), a fresh ``/proc`` holding only its own processes, a
 minimal ``/dev``, only a loopback interface (abstract unix sockets of the host live in the host's network namespace),
-its sandbox's working directory, and a private ``/tmp``, ``/var/tmp`` and ``/dev/shm``. It cannot create user
-namespaces (``--disable-userns``), and when its first process exits, or the host dies (``--die-with-parent``), the
-PID namespace's init exits and the kernel kills everything left in it: nothing a command starts outlives it.
+its sandbox's working directory, and a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/dev/mqueue``. It cannot
+create user namespaces (``--disable-userns``), and when its first process exits, or the host dies
+(``--die-with-parent``), the PID namespace's init exits and the kernel kills everything left in it: nothing a command
+starts outlives it.
 That killing is asynchronous, so :class:`PidNamespace` waits for it before a command's call returns.
 """
 
@@ -30,6 +31,8 @@ _ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "
         "profile")
 #: Where the command may write besides its working directory: each is its sandbox's private tmp.
 PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: Where commands see the POSIX message queues of their IPC namespace (so that a wipe can find them).
+MQUEUE_DIR = "/dev/mqueue"
 #: Exit statuses above this (and at most this + 64) mean the command died of signal (status - this).
 SIGNAL_STATUS_BASE = 128
 
@@ -125,7 +128,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
             argv += ["--ro-bind", path, path]
     for name in _ETC:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--mqueue", MQUEUE_DIR]
     for target in PRIVATE_TMP_DIRS:
         if private_tmp is None:
             argv += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", target]

@@ -10,7 +10,10 @@ It runs under the system's ``python3 -I -S`` with the standard library only (tra
 host's socket (SOCK_SEQPACKET) is the descriptor named by its one argument. Per command the host sends a JSON request
 (argv, env) with the command's stdin, stdout and stderr as ancillary descriptors; the server
 answers ``{"started": true}`` once it started the command and ``{"status": <wait status>}`` once nothing of the command
-is left. It exits when the host closes the socket.
+is left. Between commands the host may ask it to wipe the sandbox for its next user (``{"wipe": [[dir, mode], ...]}``,
+answered ``{"left": <what could not be removed>}``): the directories' contents, the IPC namespace's SysV objects and
+the keyrings of the sandbox's uid, the state that commands can leave behind when none of their processes is left. It
+exits when the host closes the socket.
 """
 
 import contextlib
@@ -25,14 +28,24 @@ _PR_SET_DUMPABLE = 4
 _CANNOT_RUN = 127 << 8  # the wait status of exit code 127
 _MAX_REQUEST_BYTES = 1 << 20
 _STREAMS = 3  # stdin, stdout, stderr
+_IPC_RMID = 0
+#: The keyctl system call's number by machine (the C library has no wrapper); elsewhere keyrings cannot be wiped.
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x": 280}
+_KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTENT = 1, 7, 8, 22
+_SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
+_NO_KEYRINGS = (38, 95)  # ENOSYS, EOPNOTSUPP: a kernel without (persistent) keyrings has none to wipe
 
 
 def main() -> None:
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         sys.exit(f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
+    # Commands inherit the server's session keyring: a new, empty one, not the one of whoever started bwrap.
+    if _keyctl(libc, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0 and ctypes.get_errno() not in _NO_KEYRINGS:
+        sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
     control = socket.socket(fileno=int(sys.argv[1]))
     control.set_inheritable(False)
     control.send(b'{"ready": true}')
@@ -40,7 +53,11 @@ def main() -> None:
         message, fds, _, _ = socket.recv_fds(control, _MAX_REQUEST_BYTES, _STREAMS)
         if not message:
             return
-        pid = _spawn(json.loads(message), fds)
+        request = json.loads(message)
+        if "wipe" in request:
+            control.send(json.dumps({"left": _wipe(request["wipe"], libc)}).encode())
+            continue
+        pid = _spawn(request, fds)
         control.send(b'{"started": true}')
         status = os.waitpid(pid, 0)[1] if pid is not None else _CANNOT_RUN
         _kill_the_rest()
@@ -74,6 +91,92 @@ def _kill_the_rest() -> None:
             os.waitpid(-1, 0)
         except ChildProcessError:  # every process of the namespace descends from its init: none is left
             return
+
+
+def _wipe(directories: list, libc: ctypes.CDLL) -> int:
+    """Delete what commands left in ``directories`` (each emptied and given its mode; none: keep it), in SysV IPC and
+    in keyrings; returns how many things could not be removed. Nothing else runs: no file changes meanwhile."""
+    left, seen = 0, set()
+    for directory, mode in directories:
+        status = os.stat(directory)
+        if (status.st_dev, status.st_ino) in seen:  # /tmp, /var/tmp and /dev/shm may be one directory
+            continue
+        seen.add((status.st_dev, status.st_ino))
+        try:
+            if mode is not None:
+                os.chmod(directory, mode)
+            left += _empty(directory, status.st_dev)[0]
+        except OSError:
+            left += 1
+    return left + _remove_ipc_objects(libc) + _clear_keyrings(libc)
+
+
+def _empty(directory: str, device: int) -> tuple:
+    """Delete everything below ``directory`` on its own filesystem, without following links; returns how many entries
+    could not be deleted, and whether a mount point (another sandbox directory bound below) was kept."""
+    left, mounts = 0, False
+    with os.scandir(directory) as scan:
+        entries = list(scan)
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.stat(follow_symlinks=False).st_dev != device:
+                    mounts = True
+                    continue
+                os.chmod(entry.path, 0o700)  # a command may have left it unreadable
+                below, holds_mount = _empty(entry.path, device)
+                left += below
+                if holds_mount:
+                    mounts = True
+                    continue
+                os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            left += 1
+    return left, mounts
+
+
+def _remove_ipc_objects(libc: ctypes.CDLL) -> int:
+    """Remove every SysV shared memory segment, semaphore set and message queue of the IPC namespace."""
+    left = 0
+    removers = {"shm": lambda id_: libc.shmctl(id_, _IPC_RMID, None), "sem": lambda id_: libc.semctl(id_, 0, _IPC_RMID),
+                "msg": lambda id_: libc.msgctl(id_, _IPC_RMID, None)}
+    for kind, remove in removers.items():
+        with open(f"/proc/sysvipc/{kind}") as table:
+            next(table)  # the header
+            left += sum(remove(int(line.split()[1])) != 0 for line in table)
+    return left
+
+
+def _clear_keyrings(libc: ctypes.CDLL) -> int:
+    """Empty the uid's persistent, user and session keyrings (a process's own die with it)."""
+    if os.uname().machine not in _KEYCTL:  # keys may be there, and cannot be reached
+        return 1
+    left = 0
+    # linked into the session keyring, which is cleared last
+    persistent = _keyctl(libc, _KEYCTL_GET_PERSISTENT, -1, _SESSION_KEYRING)
+    if persistent >= 0:
+        left += _keyctl(libc, _KEYCTL_CLEAR, persistent) != 0
+    elif ctypes.get_errno() not in _NO_KEYRINGS:
+        left += 1
+    for keyring in (_USER_KEYRING, _USER_SESSION_KEYRING, _SESSION_KEYRING):
+        if _keyctl(libc, _KEYCTL_CLEAR, keyring) != 0 and ctypes.get_errno() not in _NO_KEYRINGS:
+            left += 1
+    # as the kernel made it: the user session keyring links the user keyring
+    linked = _keyctl(libc, _KEYCTL_LINK, _USER_KEYRING, _USER_SESSION_KEYRING)
+    if linked != 0 and ctypes.get_errno() not in _NO_KEYRINGS:
+        left += 1
+    return left
+
+
+def _keyctl(libc: ctypes.CDLL, *args: int) -> int:
+    """The keyctl system call; -1 with errno ENOSYS on a machine whose call number is not known."""
+    number = _KEYCTL.get(os.uname().machine)
+    if number is None:
+        ctypes.set_errno(38)
+        return -1
+    return libc.syscall(ctypes.c_long(number), *map(ctypes.c_long, args))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox.bwrap import PidNamespace, bwrap_argv, exit_code
+from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, PidNamespace, bwrap_argv, exit_code
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, mount_namespace_prefix, mount_tmpfs
 from trajlab.sandbox.errors import SandboxError
@@ -123,6 +123,25 @@ class Sandbox:
         if self._platform.bwrap is not None:
             result = dataclasses.replace(result, exit_code=exit_code(result.exit_code))
         return result
+
+    @property
+    def resettable(self) -> bool:
+        """Whether :meth:`reset` can make this sandbox as new: its commands share one bwrap and its command server."""
+        return self._session is not None
+
+    def reset(self) -> None:
+        """Make the sandbox as new for its next user (:class:`~trajlab.sandbox.pool.SandboxPool`), keeping its uid,
+        tmpfs, cgroups and namespaces: delete every file in its directory and private tmp directories (restoring
+        their modes), every POSIX message queue and SysV IPC object of its namespace and every key of its uid's
+        keyrings. Processes need nothing: none outlives its command. A :class:`SandboxError` when anything is left
+        (the sandbox is then to be cleaned up, not used again) or when the sandbox is not :attr:`resettable`.
+        """
+        with self._lock:
+            self._require_open()
+            if self._session is None:
+                raise SandboxError("only a sandbox whose commands share one bwrap can be reset: clean it up instead")
+            private_tmp = [(d, 0o700 if self._mounted else 0o1777) for d in PRIVATE_TMP_DIRS]
+            self._session.wipe([(str(self.path), 0o700), *private_tmp, (MQUEUE_DIR, None)])
 
     def write_file(self, path: str, content: str | bytes) -> Path:
         """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``."""

@@ -71,6 +71,22 @@ class CommandSession:
             self.close()
         raise SandboxError("a sandbox's command server died twice before it could take a command")
 
+    def wipe(self, directories: list[tuple[str, int | None]]) -> None:
+        """Between commands, delete what they left for the next user: every file below ``directories`` (each given
+        its mode, or kept as it is for None), the IPC namespace's SysV objects and the uid's keyrings
+        (:func:`trajlab.sandbox.command_server._wipe`); a :class:`SandboxError` when anything is left."""
+        control = self._control if self._process is not None else self._start()
+        assert control is not None
+        try:
+            control.send(json.dumps({"wipe": directories}).encode())
+            ready = select.select([control], [], [], HELPER_TIMEOUT_S)[0]
+            reply = json.loads(control.recv(_MAX_REPLY_BYTES)) if ready else None
+        except (OSError, ValueError) as exc:  # the server died (b"" is no JSON)
+            reply = exc
+        if not isinstance(reply, dict) or reply.get("left") != 0:
+            self.close()
+            raise SandboxError(f"a sandbox could not be wiped for its next user: {reply or 'no reply'}")
+
     def _run_once(self, control: socket.socket, request: bytes, stdin: str | None, limits: SandboxLimits,
                   started: float) -> SandboxResult | None:
         """The command's result, or None when the server was gone before it started the command."""

@@ -2,7 +2,8 @@
 
 Why: a many-turn task where every step depends on what the last command printed, and where the reward cannot be
 talked into existence. Each episode gets a fresh random flag ``flag{<24 hex digits>}``, made in ``reset`` (never
-stored in the task, never derived from its seed), and a fresh :class:`~trajlab.sandbox.Sandbox`: the model's commands
+stored in the task, never derived from its seed), and a fresh :class:`~trajlab.sandbox.Sandbox` (new, or an earlier
+episode's wiped by :mod:`trajlab.sandbox.pool`): the model's commands
 run only there, under bubblewrap (its own namespaces, no network, a read-only system), as an unprivileged uid of
 their own, under time, memory, file-size and process limits. Where that isolation is missing, the env refuses to
 start and says what to install, unless the user sets ``TRAJLAB_SANDBOX_ALLOW_WEAK=1``.
@@ -23,9 +24,9 @@ Four kinds of challenge, each seeded by the task:
   built from user input (injection).
 
 Reward: 1.0 only when ``submit_flag`` gets this episode's flag exactly; after 3 wrong submissions the episode ends
-with 0. Nothing a command or tool prints counts. The sandboxes are removed when the episode ends, in ``close``
-(which trajlab's engine calls after every episode), when ``reset`` starts the next one, and, for runners that never
-call ``close`` (TRL), when the env is garbage-collected.
+with 0. Nothing a command or tool prints counts. The sandboxes are given back (wiped) when the episode ends, in
+``close`` (which trajlab's engine calls after every episode), when ``reset`` starts the next one, and, for runners
+that never call ``close`` (TRL), when the env is garbage-collected.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from trajlab.env.builtin.ctf_oracle import oracle
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult, require_strong_isolation
+from trajlab.sandbox.pool import shared_pool
 
 TASKS_PER_KIND = 400
 MAX_WRONG_SUBMISSIONS = 3
@@ -63,10 +65,11 @@ MAX_CONNECTIONS = 20
 
 
 def _cleanup(sandboxes: list[Sandbox]) -> None:
-    """Remove an episode's sandboxes; also the env's weakref finalizer (for runners that never call ``close``), so it
-    must not hold the env."""
+    """Give an episode's sandboxes back to their pools, which wipe them for the next episode (or remove them); also the
+    env's weakref finalizer (for runners that never call ``close``), so it must not hold the env."""
     while sandboxes:
-        sandboxes.pop().cleanup()
+        sandbox = sandboxes.pop()
+        shared_pool(sandbox.limits).release(sandbox)
 
 
 class CTF(Environment):
@@ -203,7 +206,7 @@ class CTF(Environment):
         self._sandbox = self._service = None
 
     def _new_sandbox(self, limits: SandboxLimits) -> Sandbox:
-        sandbox = Sandbox(limits)
+        sandbox = shared_pool(limits).acquire()
         self._sandboxes.append(sandbox)
         return sandbox
 

@@ -1,0 +1,135 @@
+"""A sandbox given back to a :class:`SandboxPool` comes back to its next user as a new sandbox would, whatever its last
+user left: files anywhere it could write, unreadable directories, SysV and POSIX IPC objects, keys, daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import pytest
+
+from tests.sandbox.helpers import FAST, needs_bwrap
+from trajlab.sandbox import Sandbox, SandboxError
+from trajlab.sandbox.pool import SandboxPool
+
+#: keyctl and add_key by machine (the C library wraps neither)
+_KEY_CALLS = {"x86_64": (250, 248), "aarch64": (219, 217)}
+KEYCTL, ADD_KEY = _KEY_CALLS.get(platform.machine(), (0, 0))
+needs_key_calls = pytest.mark.skipif(not KEYCTL, reason=f"no keyctl call number known for {platform.machine()}")
+
+# What a hostile last user leaves: everything it can write outside its processes, which die with its command.
+LEAVE = f"""
+import ctypes, os, socket, subprocess
+libc, rt = ctypes.CDLL(None, use_errno=True), ctypes.CDLL("librt.so.1", use_errno=True)
+os.makedirs("d/e")
+for path in ("d/e/f", ".hidden", "/tmp/x", "/var/tmp/y", "/dev/shm/z"):
+    open(path, "w").write("secret")
+open("/dev/shm/big", "wb").write(b"x" * (1 << 20))
+os.symlink("/etc/passwd", "link")
+os.mkfifo("fifo")
+socket.socket(socket.AF_UNIX).bind("sock")
+os.chmod("d/e", 0)
+os.chmod("d", 0)
+os.chmod(".", 0o777)
+assert libc.shmget(0, 4096, 0o1600) >= 0 and libc.shmget(1234, 4096, 0o1600) >= 0
+assert libc.semget(0, 1, 0o1600) >= 0 and libc.msgget(0, 0o1600) >= 0
+assert rt.mq_open(b"/queue", os.O_CREAT | os.O_RDWR, 0o600, None) >= 0
+def keyctl(*args):
+    return libc.syscall(ctypes.c_long({KEYCTL}), *map(ctypes.c_long, args))
+persistent = keyctl(22, -1, -3)  # linked into the session keyring: possessed, so writable
+for keyring in (-3, -4, -5, persistent):
+    assert libc.syscall(ctypes.c_long({ADD_KEY}), b"user", b"stash%d" % keyring, b"secret", ctypes.c_size_t(6),
+                        ctypes.c_long(keyring)) >= 0
+subprocess.Popen(["setsid", "sleep", "100"], start_new_session=True)
+print("left")
+"""
+
+# What a user can see of the state earlier users could leave, as JSON.
+OBSERVE = f"""
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def keyctl(*args):
+    return libc.syscall(ctypes.c_long({KEYCTL}), *map(ctypes.c_long, args))
+def linked(keyring):  # the ids of the keys a keyring holds, 4 bytes each
+    return keyctl(11, keyring, 0, 0)
+def files(top):
+    found = []
+    for root, dirs, names in os.walk(top):
+        found += sorted(os.path.join(root, name) for name in dirs + names)
+    return found
+places = (".", "/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+space = os.statvfs(".")
+print(json.dumps({{
+    "files": {{place: files(place) for place in places}},
+    "modes": [oct(os.stat(place).st_mode) for place in places],
+    "free": [space.f_bfree, space.f_ffree],
+    "ipc": {{kind: open(f"/proc/sysvipc/{{kind}}").read().splitlines()[1:] for kind in ("shm", "sem", "msg")}},
+    "keys": [linked(keyring) for keyring in (-3, -4, -5, keyctl(22, -1, -3))],
+    "processes": len([pid for pid in os.listdir("/proc") if pid.isdigit()]),
+}}))
+"""
+
+
+def observe(box: Sandbox) -> dict:
+    box.write_file("observe.py", OBSERVE)
+    result = box.run("python3 observe.py")
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@needs_bwrap
+@needs_key_calls
+def test_a_released_sandbox_comes_back_as_a_new_one_would_be() -> None:
+    with SandboxPool(FAST, keep=1) as pool, Sandbox(FAST) as new:
+        box = pool.acquire()
+        box.write_file("leave.py", LEAVE)
+        left = box.run("python3 leave.py")
+        assert left.stdout == "left\n", left.stderr
+        dirty = observe(box)
+        assert len(dirty["files"]["."]) >= 6 and dirty["files"]["/dev/mqueue"] == ["/dev/mqueue/queue"]
+        assert all(len(objects) >= 1 for objects in dirty["ipc"].values()) and all(dirty["keys"]), dirty
+        pool.release(box)
+        again = pool.acquire()
+        assert again is box and pool.made == 1, "the released sandbox was handed out again"
+        assert observe(again) == observe(new)
+        pool.release(again)
+
+
+@needs_bwrap
+def test_a_pool_keeps_what_it_may_and_cleans_up_the_rest() -> None:
+    with SandboxPool(FAST, keep=1) as pool:
+        first, second = pool.acquire(), pool.acquire()
+        paths = [Path(first.path), Path(second.path)]
+        pool.release(first)
+        pool.release(second)  # beyond keep: cleaned up
+        assert paths[0].exists() and not paths[1].exists()
+        assert pool.acquire() is first and pool.made == 2
+        pool.release(first)
+    assert not paths[0].exists(), "closing the pool cleans up what it kept"
+    with pytest.raises(SandboxError, match="closed"):
+        pool.acquire()
+
+
+def test_a_sandbox_that_cannot_be_reset_is_cleaned_up_not_reused() -> None:
+    box = Sandbox(FAST, reuse_namespaces=False)
+    assert not box.resettable
+    with pytest.raises(SandboxError, match="only a sandbox whose commands share one bwrap"):
+        box.reset()
+    with SandboxPool(FAST) as pool:
+        pool.release(box)
+        assert not Path(box.path).exists()
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a file the sandbox's uid cannot delete: root makes one")
+def test_a_sandbox_whose_wipe_leaves_something_is_cleaned_up() -> None:
+    with SandboxPool(FAST) as pool:
+        box = pool.acquire()
+        assert box.uid is not None
+        stuck = Path(box.path) / "stuck"
+        stuck.mkdir()  # root's, not the sandbox uid's: it can neither empty nor chmod it
+        (stuck / "file").write_text("x")
+        pool.release(box)
+        assert not Path(box.path).exists() and pool.acquire() is not box
