@@ -2,9 +2,11 @@
 
 Short shell tool calls run on a thread pool, as concurrent episodes would issue them: once through plain
 ``subprocess.run`` (no isolation: the baseline), once through one reused sandbox per worker (an episode's later turns:
-one long-lived bwrap per sandbox, each command forked inside it), once through a fresh :class:`Sandbox` per execution
-(directory, uid, tmpfs, cgroups and namespaces set up and torn down each time), and, reused again, with bwrap started
-for each command and with bubblewrap turned off (the fallback chain), to show what each design costs.
+one long-lived bwrap per sandbox, each command spawned inside it), once through a fresh :class:`Sandbox` per execution
+(directory, uid, tmpfs, cgroups and namespaces set up and torn down each time), once through a fresh sandbox per
+execution from a :class:`SandboxPool` (a released sandbox wiped and handed out again, as the ctf env gets one per
+episode), and, reused again, with bwrap started for each command and with bubblewrap turned off (the fallback chain),
+to show what each design costs.
 
     .venv/bin/python benchmarks/sandbox_throughput.py --executions 200 --workers 8
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+from trajlab.sandbox.pool import SandboxPool
 
 COMMANDS = ("echo hello", "printf '%s\\n' c a b | sort | head -n 1 && echo $((6 * 7))")
 LIMITS = SandboxLimits(cpu_seconds=5, wall_timeout_s=10)
@@ -34,6 +37,20 @@ def plain(command: str) -> str:
 def fresh_sandbox(command: str) -> str:
     with Sandbox(LIMITS) as box:
         return box.run(command).stdout
+
+
+class PooledSandboxes:
+    """A sandbox from the pool per execution, given back (wiped) after it."""
+
+    def __init__(self) -> None:
+        self.pool = SandboxPool(LIMITS)
+
+    def __call__(self, command: str) -> str:
+        box = self.pool.acquire()
+        try:
+            return box.run(command).stdout
+        finally:
+            self.pool.release(box)
 
 
 class ReusedSandboxes:
@@ -83,17 +100,21 @@ def main() -> None:
     reused = ReusedSandboxes()
     per_command = ReusedSandboxes(reuse_namespaces=False)
     chain = ReusedSandboxes(use_bubblewrap=False)
+    pooled = PooledSandboxes()
     try:
         results = {
             "plain subprocess.run": throughput(plain, args.executions, args.workers),
             "sandbox, reused per worker": throughput(reused, args.executions, args.workers),
             "sandbox, fresh per execution": throughput(fresh_sandbox, args.executions, args.workers),
+            "sandbox, fresh from the pool": throughput(pooled, args.executions, args.workers),
             "reused, bwrap per command": throughput(per_command, args.executions, args.workers),
             "reused, fallback chain": throughput(chain, args.executions, args.workers),
         }
     finally:
         for sandboxes in (reused, per_command, chain):
             sandboxes.cleanup()
+        print(f"the pool made {pooled.pool.made} sandboxes for {args.executions} executions")
+        pooled.pool.close()
     baseline = results["plain subprocess.run"]
     for name, rate in results.items():
         print(f"{name:30s} {rate:8.1f} executions/s  ({rate / baseline:.2f}x plain)")
