@@ -1,4 +1,5 @@
-"""The attack suite's hands: run hostile commands, each in a fresh sandbox, and report what each did as JSON.
+"""The attack suite's hands: run hostile commands, each in a fresh sandbox (new, or given back to a pool by the attack
+before and wiped), and report what each did as JSON.
 
 Why apart from the test module: the same attacks run in the test process (as root) and in a child process as an
 unprivileged user (``python -m tests.sandbox.attack_driver``, a request on stdin, the report on stdout), whose
@@ -18,38 +19,49 @@ from typing import Any
 
 from tests.sandbox.helpers import live_processes
 from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+from trajlab.sandbox.pool import SandboxPool
 
 OTHER_FLAG = "flag{0ther0episode0secret00}"
 
 
-def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str) -> dict[str, Any]:
+def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
+                recycled: bool = False) -> dict[str, Any]:
     """Run every command in a fresh sandbox beside another episode's; what each did, and what was left after.
 
     ``marker`` is in the command line of every process the attacks start: any still alive when its call returned
     is reported under ``running_after_call`` (the host's own such processes, running before, are not).
+    ``recycled``: the fresh sandboxes come from one :class:`SandboxPool` keeping one, so each attack runs in the
+    sandbox the attack before it was given back; files found in it after a wipe are reported under ``not_wiped``.
     """
     hosts = live_processes(marker).keys()
     report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": [],
-                              "running_after_call": {}}
-    with Sandbox(limits) as other:
+                              "running_after_call": {}, "not_wiped": {}}
+    with Sandbox(limits) as other, SandboxPool(limits, keep=1 if recycled else 0) as pool:
         other.write_file("flag.txt", OTHER_FLAG)
         report["paths"].append(str(other.path))
         for name, command in commands.items():
-            with Sandbox(limits) as box:
+            box = pool.acquire()
+            try:
                 report["paths"].append(str(box.path))
                 filled = command.replace("{other}", str(other.path)).replace("{host_pid}", str(os.getpid()))
                 report["results"][name] = dataclasses.asdict(box.run(filled))
                 if running := [line for pid, line in live_processes(marker).items() if pid not in hosts]:
                     report["running_after_call"][name] = running
+            finally:
+                pool.release(box)
+            if recycled and os.path.exists(box.path) and (found := os.listdir(box.path)):
+                report["not_wiped"][name] = found
         after = other.run("cat flag.txt")
         report["other_intact"] = other.read_file("flag.txt").decode() == OTHER_FLAG and after.stdout == OTHER_FLAG
-    report["paths_left"] = [path for path in report["paths"] if os.path.exists(path)]
+        report["sandboxes_made"] = pool.made
+    report["paths_left"] = sorted({path for path in report["paths"] if os.path.exists(path)})
     return report
 
 
 def main() -> None:
     request = json.load(sys.stdin)
-    report = run_attacks(request["commands"], SandboxLimits(**request["limits"]), request["marker"])
+    report = run_attacks(request["commands"], SandboxLimits(**request["limits"]), request["marker"],
+                         recycled=request["recycled"])
     json.dump(report, sys.stdout)
 
 

@@ -202,14 +202,15 @@ def _commands(port: int) -> dict[str, str]:
     return {attack.name: attack.command.replace("PORT", str(port)) for attack in ATTACKS}
 
 
-def _as_nobody(commands: dict[str, str]) -> dict[str, Any]:
+def _as_nobody(commands: dict[str, str], *, recycled: bool) -> dict[str, Any]:
     """Run the attacks from a child process of an unprivileged user (the system's python: the venv's is root's)."""
     python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     if not os.path.exists(python) or shutil.which("setpriv") is None:
         pytest.skip(f"no {python} or setpriv to run the attacks as an unprivileged user")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
            "TRAJLAB_ATTACK_SECRET": SECRET}
-    request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS), "marker": MARK})
+    request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS), "marker": MARK,
+                          "recycled": recycled})
     with _traversable(REPO, Path(sysconfig.get_paths()["purelib"])):
         done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
                                "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True,
@@ -236,7 +237,8 @@ def _traversable(*paths: Path) -> Iterator[None]:
             folder.chmod(stat.S_IMODE(mode))
 
 
-MODES = ["host_user", "unprivileged_child"]
+#: Who hosts the sandboxes, and whether each attack gets a new sandbox or the one the attack before gave back, wiped.
+MODES = ["host_user", "unprivileged_child", "host_user_recycled", "unprivileged_child_recycled"]
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -244,12 +246,15 @@ def attacked(request: pytest.FixtureRequest) -> dict[str, Any]:
     """One mode's report (every attack's result), with the host's state before and after."""
     if not PROTECTIONS.bubblewrap:
         pytest.skip("bubblewrap is missing or does not work here (scripts/setup_system.sh installs it as root)")
-    if request.param == "unprivileged_child" and os.geteuid() != 0:
+    host, recycled = request.param.removesuffix("_recycled"), request.param.endswith("_recycled")
+    if host == "unprivileged_child" and os.geteuid() != 0:
         pytest.skip("the tests already run unprivileged: host_user is that mode")
     with _host_bait() as bait:
         before = HostState.now()
         commands = _commands(bait["port"])
-        report = run_attacks(commands, LIMITS, MARK) if request.param == "host_user" else _as_nobody(commands)
+        report = (run_attacks(commands, LIMITS, MARK, recycled=recycled) if host == "host_user"
+                  else _as_nobody(commands, recycled=recycled))
+        report["recycled"] = recycled
         report["before"], report["after"] = before, HostState.now()
         report["sleeper_alive"] = bait["sleeper"].poll() is None
         report["sleeper_state"] = Path(f"/proc/{bait['sleeper'].pid}/stat").read_text().split(") ")[1][0]
@@ -283,4 +288,7 @@ def test_the_host_is_unchanged(attacked: dict[str, Any]) -> None:
     assert attacked["other_intact"], "another episode's files changed"
     assert attacked["running_after_call"] == {}, "processes of an attack ran on after its call returned"
     assert attacked["paths_left"] == [], "sandbox directories outlived cleanup"
+    assert attacked["not_wiped"] == {}, "files of an attack were left for the next user of its sandbox"
+    # recycled: one sandbox for all, and one more for each attack whose leftovers its wipe could not remove
+    assert attacked["sandboxes_made"] == (1 if attacked["recycled"] else len(ATTACKS)), attacked["sandboxes_made"]
     assert leftovers(MARK) == "", "a process an attack started outlived its command"

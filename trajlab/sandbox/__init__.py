@@ -9,18 +9,22 @@ in its own user, PID, IPC, network, UTS, cgroup and mount namespaces with a read
 directory and its commands' tmp directories) and, with cgroup v1, caps on the memory and processes of all its
 processes together. Without bubblewrap, util-linux's ``unshare`` and ``setpriv`` give what they can.
 :func:`probe_protections` reports what this machine gives; :func:`require_strong_isolation` is how an env refuses
-less. What a killed process's sandboxes left is removed by the next process's :func:`sweep`.
+less. What a killed process's sandboxes left is removed by the next process's :func:`sweep`. A :class:`SandboxPool`
+hands out sandboxes as new without making one each time: a released one is wiped (files, IPC objects, keys) and
+handed out again.
 
 One module per job: ``sandbox`` (the :class:`Sandbox`), ``limits`` (rlimits and the scrubbed environment),
 ``process`` (running one command to its end), ``files`` (the host's file access inside a sandbox), ``bwrap`` (the
 bubblewrap argv), ``uids`` (switching to and killing a uid), ``leases`` (what each sandbox made, held by its owner),
 ``sweep`` (removing it), ``cgroups`` (aggregate caps), ``disk_quota`` (the tmpfs and the fallback's mount namespace),
-``protections`` (what the host allows).
+``protections`` (what the host allows), ``session`` and ``command_server`` (one long-lived bwrap per sandbox), ``pool``
+(wiped sandboxes handed out again).
 """
 
 from trajlab.sandbox.disk_quota import MOUNT_BASE_DIR
 from trajlab.sandbox.errors import MissingProtection, SandboxError, SandboxPathError
 from trajlab.sandbox.limits import SandboxLimits
+from trajlab.sandbox.pool import SandboxPool
 from trajlab.sandbox.process import SandboxResult
 from trajlab.sandbox.protections import ALLOW_WEAK_ENV, Protections, probe_protections, require_strong_isolation
 from trajlab.sandbox.sandbox import Sandbox
@@ -37,6 +41,7 @@ __all__ = [
     "SandboxError",
     "SandboxLimits",
     "SandboxPathError",
+    "SandboxPool",
     "SandboxResult",
     "probe_protections",
     "require_strong_isolation",
