@@ -2,6 +2,7 @@
 episodes; episodes that ended in error are run again."""
 
 import itertools
+import json
 from dataclasses import replace
 
 from trajlab.data.store import read_trajectories
@@ -78,3 +79,17 @@ def test_episodes_that_ended_in_error_run_again_on_the_next_run(tmp_path):
     assert len(failed) == 6 and {t.status for t in failed} == {"error"}, "the failed attempts are kept"
     assert "the task service is down" in failed[0].error
     assert collect(config)["errors_run_again"] == 0
+
+
+def test_an_evaluation_runs_its_error_episodes_again_and_counts_them(tmp_path):
+    import trajlab
+
+    marker = tmp_path / "down"
+    marker.touch()
+    env, out = flaky_arithmetic(marker), tmp_path / "eval"
+    first = trajlab.evaluate(env, "oracle", out=out, num_tasks=3, rollout={"retries": 0})
+    assert first.statuses["error"] == 3 and first.errors_run_again == 0
+    marker.unlink()  # the outage is over
+    second = trajlab.evaluate(env, "oracle", out=out, num_tasks=3, rollout={"retries": 0})
+    assert second.errors_run_again == 3 and second.success_rate == 1.0
+    assert json.loads((out / "eval.json").read_text())["errors_run_again"] == 3

@@ -157,6 +157,7 @@ def evaluate(
                 score(trajectory, dict(rewards))
         report = evaluate_trajectories(trajectories, ks=chosen.pass_at(), label=label or _label(policy),
                                        tokens_per_s=summary["tokens_per_s"] or None)
+        report.errors_run_again = summary["errors_run_again"]
         if out is not None:
             save_report(report, run_dir / "eval.json")
             with Trackers(report_to, run_dir.parent, run_dir.name, config={"eval": chosen.model_dump(mode="json"),

@@ -90,6 +90,8 @@ class EvalReport(BaseModel):
     per_env: dict[str, dict[str, float]]
     reward_components: dict[str, float]
     tokens_per_s: float | None = None
+    errors_run_again: int = 0
+    """Episodes that had ended in ``error`` on an earlier run of this evaluation and were run again by this one."""
     tasks: list[TaskRow]
 
 
