@@ -7,8 +7,8 @@ minimal ``/dev``, only a loopback interface (abstract unix sockets of the host l
 its sandbox's working directory, and a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/dev/mqueue``. It cannot
 create user namespaces (``--disable-userns``), and when its first process exits, or the host dies
 (``--die-with-parent``), the PID namespace's init exits and the kernel kills everything left in it: nothing a command
-starts outlives it.
-That killing is asynchronous, so :class:`PidNamespace` waits for it before a command's call returns.
+starts outlives it. That killing is asynchronous, so :class:`PidNamespace` waits for it before a command's call
+returns.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ _ETC = ("alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "passwd", "
         "profile")
 #: Where the command may write besides its working directory: each is its sandbox's private tmp.
 PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+#: The mode of each fresh tmpfs bwrap makes for them (without a disk quota): everyone's, sticky, as /tmp is.
+TMPFS_MODE = 0o1777
 #: Where commands see the POSIX message queues of their IPC namespace (so that a wipe can find them).
 MQUEUE_DIR = "/dev/mqueue"
 #: Exit statuses above this (and at most this + 64) mean the command died of signal (status - this).
@@ -131,7 +133,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
     argv += ["--proc", "/proc", "--dev", "/dev", "--mqueue", MQUEUE_DIR]
     for target in PRIVATE_TMP_DIRS:
         if private_tmp is None:
-            argv += ["--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", target]
+            argv += ["--size", str(tmp_bytes), "--perms", f"{TMPFS_MODE:o}", "--tmpfs", target]
         else:
             argv += ["--bind", str(private_tmp), target]
     if work is not None:

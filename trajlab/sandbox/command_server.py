@@ -18,6 +18,7 @@ exits when the host closes the socket.
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -29,11 +30,11 @@ _CANNOT_RUN = 127 << 8  # the wait status of exit code 127
 _MAX_REQUEST_BYTES = 1 << 20
 _STREAMS = 3  # stdin, stdout, stderr
 _IPC_RMID = 0
-#: The keyctl system call's number by machine (the C library has no wrapper); elsewhere keyrings cannot be wiped.
-_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x": 280}
+#: The keyctl system call's number on this machine (the C library has no wrapper); None: keyrings cannot be wiped.
+_KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x": 280}.get(os.uname().machine)
 _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTENT = 1, 7, 8, 22
 _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
-_NO_KEYRINGS = (38, 95)  # ENOSYS, EOPNOTSUPP: a kernel without (persistent) keyrings has none to wipe
+_NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)  # a kernel without (persistent) keyrings has none to wipe
 
 
 def main() -> None:
@@ -151,32 +152,32 @@ def _remove_ipc_objects(libc: ctypes.CDLL) -> int:
 
 def _clear_keyrings(libc: ctypes.CDLL) -> int:
     """Empty the uid's persistent, user and session keyrings (a process's own die with it)."""
-    if os.uname().machine not in _KEYCTL:  # keys may be there, and cannot be reached
+    if _KEYCTL is None:  # keys may be there, and cannot be reached
         return 1
     left = 0
     # linked into the session keyring, which is cleared last
     persistent = _keyctl(libc, _KEYCTL_GET_PERSISTENT, -1, _SESSION_KEYRING)
     if persistent >= 0:
-        left += _keyctl(libc, _KEYCTL_CLEAR, persistent) != 0
+        left += _keyctl_failed(libc, _KEYCTL_CLEAR, persistent)
     elif ctypes.get_errno() not in _NO_KEYRINGS:
         left += 1
     for keyring in (_USER_KEYRING, _USER_SESSION_KEYRING, _SESSION_KEYRING):
-        if _keyctl(libc, _KEYCTL_CLEAR, keyring) != 0 and ctypes.get_errno() not in _NO_KEYRINGS:
-            left += 1
+        left += _keyctl_failed(libc, _KEYCTL_CLEAR, keyring)
     # as the kernel made it: the user session keyring links the user keyring
-    linked = _keyctl(libc, _KEYCTL_LINK, _USER_KEYRING, _USER_SESSION_KEYRING)
-    if linked != 0 and ctypes.get_errno() not in _NO_KEYRINGS:
-        left += 1
-    return left
+    return left + _keyctl_failed(libc, _KEYCTL_LINK, _USER_KEYRING, _USER_SESSION_KEYRING)
 
 
 def _keyctl(libc: ctypes.CDLL, *args: int) -> int:
     """The keyctl system call; -1 with errno ENOSYS on a machine whose call number is not known."""
-    number = _KEYCTL.get(os.uname().machine)
-    if number is None:
-        ctypes.set_errno(38)
+    if _KEYCTL is None:
+        ctypes.set_errno(errno.ENOSYS)
         return -1
-    return libc.syscall(ctypes.c_long(number), *map(ctypes.c_long, args))
+    return libc.syscall(ctypes.c_long(_KEYCTL), *map(ctypes.c_long, args))
+
+
+def _keyctl_failed(libc: ctypes.CDLL, *args: int) -> bool:
+    """Whether a keyctl operation failed, on a kernel that has keyrings."""
+    return _keyctl(libc, *args) != 0 and ctypes.get_errno() not in _NO_KEYRINGS
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ MOUNT_BASE_DIR = "/run/trajlab-sandboxes"
 #: World-writable places a command could otherwise fill; with a disk quota each is the sandbox's own ``tmp``.
 #: /tmp goes last: binding it first would hide a sandbox that lives under /tmp from the later binds.
 _SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/tmp")
+#: The mode of a sandbox's working directory and private tmp: its uid's alone (as ``mkdtemp`` makes one).
+DIR_MODE = 0o700
 # Run as root inside the command's new mount namespace: bind the sandbox's tmp over each shared writable directory
 # (one `mount` for all, from the sandbox's fstab: an exec per bind would halve throughput), then exec the rest of argv.
 _BIND_SCRIPT = 'mount --all --fstab "$1" || exit 125; shift; exec "$@"'
@@ -49,7 +51,7 @@ def lay_out(root: Path, uid: int) -> Path:
     """
     work, private_tmp = root / "work", root / "tmp"
     for directory in (work, private_tmp):
-        directory.mkdir(mode=0o700)
+        directory.mkdir(mode=DIR_MODE)
         os.chown(directory, uid, uid)
     targets = [t for t in _SHARED_WRITABLE if os.path.isdir(t) and not root.is_relative_to(t)]
     fstab_path(root).write_text(fstab(private_tmp, targets))

@@ -159,7 +159,7 @@ def _server_python(bwrap_prefix: list[str]) -> str | None:
     own = os.path.realpath(sys.executable)
     candidates = [own] if own.startswith("/usr/") else []
     candidates += ["/usr/bin/python3", "/usr/local/bin/python3"]
-    check = "import contextlib, ctypes, json, os, signal, socket; socket.recv_fds; os.posix_spawnp"
+    check = "import contextlib, ctypes, errno, json, os, signal, socket; socket.recv_fds; os.posix_spawnp"
     return next((python for python in candidates
                  if os.path.exists(python) and _works(bwrap_prefix, command=(python, "-I", "-S", "-c", check))), None)
 

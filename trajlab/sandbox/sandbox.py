@@ -19,9 +19,16 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, PidNamespace, bwrap_argv, exit_code
+from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace, bwrap_argv, exit_code
 from trajlab.sandbox.cgroups import SandboxCgroup
-from trajlab.sandbox.disk_quota import fstab_path, lay_out, mount_base_dir, mount_namespace_prefix, mount_tmpfs
+from trajlab.sandbox.disk_quota import (
+    DIR_MODE,
+    fstab_path,
+    lay_out,
+    mount_base_dir,
+    mount_namespace_prefix,
+    mount_tmpfs,
+)
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Lease, Record
@@ -140,8 +147,8 @@ class Sandbox:
             self._require_open()
             if self._session is None:
                 raise SandboxError("only a sandbox whose commands share one bwrap can be reset: clean it up instead")
-            private_tmp = [(d, 0o700 if self._mounted else 0o1777) for d in PRIVATE_TMP_DIRS]
-            self._session.wipe([(str(self.path), 0o700), *private_tmp, (MQUEUE_DIR, None)])
+            private_tmp = [(d, DIR_MODE if self._mounted else TMPFS_MODE) for d in PRIVATE_TMP_DIRS]
+            self._session.wipe([(str(self.path), DIR_MODE), *private_tmp, (MQUEUE_DIR, None)])
 
     def write_file(self, path: str, content: str | bytes) -> Path:
         """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``."""

@@ -64,8 +64,7 @@ class CommandSession:
         started = time.monotonic()
         request = json.dumps({"argv": argv, "env": self._env}).encode()
         for _ in range(2):
-            control = self._control if self._process is not None else self._start()
-            assert control is not None
+            control = self._running_control()
             if (result := self._run_once(control, request, stdin, limits, started)) is not None:
                 return result
             self.close()
@@ -75,8 +74,7 @@ class CommandSession:
         """Between commands, delete what they left for the next user: every file below ``directories`` (each given
         its mode, or kept as it is for None), the IPC namespace's SysV objects and the uid's keyrings
         (:func:`trajlab.sandbox.command_server._wipe`); a :class:`SandboxError` when anything is left."""
-        control = self._control if self._process is not None else self._start()
-        assert control is not None
+        control = self._running_control()
         try:
             control.send(json.dumps({"wipe": directories}).encode())
             ready = select.select([control], [], [], HELPER_TIMEOUT_S)[0]
@@ -125,6 +123,13 @@ class CommandSession:
         process.stderr.close()
         self._control.close()
         self._pid_namespace.wait_for_end()
+
+    def _running_control(self) -> socket.socket:
+        """The control socket of the running server, started first when there is none."""
+        if self._process is None:
+            return self._start()
+        assert self._control is not None
+        return self._control
 
     def _start(self) -> socket.socket:
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
