@@ -44,7 +44,6 @@ def test_a_real_time_signal_is_named_by_number(sandbox: Sandbox) -> None:
     assert result.exit_code == -40 and result.signal == "signal 40"
 
 
-
 @needs_bwrap
 def test_nothing_of_a_killed_command_runs_once_its_call_returned() -> None:
     """The kernel kills a PID namespace's processes after its init, while the host goes on: without waiting for that,

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.sandbox.helpers import FAST, needs_bwrap
+from tests.sandbox.helpers import FAST, live_processes, needs_bwrap
 from trajlab.sandbox import Sandbox
 from trajlab.sandbox.session import SERVER_INSIDE
 
@@ -71,34 +71,17 @@ def test_a_server_gone_between_commands_is_replaced(box: Sandbox) -> None:
     before = box.run(NAMESPACES).stdout
     server = _server(box)
     os.kill(server, signal.SIGKILL)
-    while _state(server) not in ("", "Z"):  # dead before the next command, not while taking it
+    while server in live_processes(SERVER_INSIDE):  # dead before the next command, not while taking it
         time.sleep(0.01)
     after = box.run(NAMESPACES)
     assert after.exit_code == 0 and after.stdout != before
 
 
 def _server(box: Sandbox) -> int:
-    return next(pid for pid in _pids() if _cwd(pid) == str(box.path) and SERVER_INSIDE in _cmdline(pid))
-
-
-def _pids() -> list[int]:
-    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit()]
+    return next(pid for pid in live_processes(SERVER_INSIDE) if _cwd(pid) == str(box.path))
 
 
 def _cwd(pid: int) -> str:
     with contextlib.suppress(OSError):
         return os.readlink(f"/proc/{pid}/cwd")
-    return ""
-
-
-def _state(pid: int) -> str:
-    """The process's state letter (``Z``: a zombie), or "" when it is gone."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
-    return ""
-
-
-def _cmdline(pid: int) -> str:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        return cmdline.read().decode(errors="replace")
     return ""
