@@ -70,8 +70,7 @@ SHOTS = {
 def screenshots(run: Path, folder: Path) -> None:
     """The run's own report as the README shows it: the top, the learning curves, and an RL rollout's tokens."""
     folder.mkdir(parents=True, exist_ok=True)
-    driver = chromium(width=1400, height=1000)
-    try:
+    with chromium(width=1400, height=1000) as driver:
         open_report(driver, run / "report.html")
         for name, script in SHOTS.items():
             if script:
@@ -79,8 +78,6 @@ def screenshots(run: Path, folder: Path) -> None:
             driver.save_screenshot(str(folder / name))
         if errors := console_errors(driver):
             raise SystemExit(f"console errors: {errors}")
-    finally:
-        driver.quit()
     print(f"wrote {', '.join(str(folder / name) for name in SHOTS)}")
 
 
@@ -107,8 +104,7 @@ def main() -> None:
         builds.append(time.perf_counter() - started)
     opened, filtered, detail = [], [], []
     for _ in range(args.repeats):
-        driver = chromium()
-        try:
+        with chromium() as driver:
             opened.append(open_report(driver, page) / 1000)
             filter_ms, count = driver.execute_script(FILTER_JS)
             open_ms, shown_tokens = driver.execute_script(OPEN_JS)
@@ -116,8 +112,6 @@ def main() -> None:
             detail.append(open_ms / 1000)
             if errors := console_errors(driver):
                 raise SystemExit(f"console errors: {errors}")
-        finally:
-            driver.quit()
     print(f"report of {args.trajectories} trajectories ({tokens} tokens each on average): "
           f"{page.stat().st_size / 1e6:.1f} MB")
     print(f"build (trajlab report):   median {statistics.median(builds):.2f} s  runs {_runs(builds)}")

@@ -61,9 +61,8 @@ needs_browser = pytest.mark.skipif(browser.missing() is not None, reason=f"no he
 
 @pytest.fixture(scope="module")
 def chromium():
-    driver = browser.chromium()
-    yield driver
-    driver.quit()
+    with browser.chromium() as driver:
+        yield driver
 
 
 @needs_browser

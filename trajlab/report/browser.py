@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,10 @@ def missing() -> str | None:
     return f"{' and '.join(absent)} not found: {INSTALL}" if absent else None
 
 
-def chromium(width: int = 1400, height: int = 1000) -> Any:
-    """A headless Chromium session (close it with ``.quit()``) that keeps every console message.
+@contextmanager
+def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
+    """A headless Chromium session that keeps every console message; on exit the browser quits and its profile
+    directory is deleted (each session has its own, a few MB).
 
     Raises:
         RuntimeError: the browser or selenium is missing (the message says what to install).
@@ -36,14 +40,19 @@ def chromium(width: int = 1400, height: int = 1000) -> Any:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--window-size={width},{height}", f"--user-data-dir={tempfile.mkdtemp(prefix='trajlab-chromium-')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=Service(executable_path=shutil.which("chromedriver")))
+    with tempfile.TemporaryDirectory(prefix="trajlab-chromium-") as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = shutil.which("chromium")
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     f"--window-size={width},{height}", f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        driver = webdriver.Chrome(options=options, service=Service(executable_path=shutil.which("chromedriver")))
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 def open_report(driver: Any, page: str | Path, *, timeout_s: float = 60.0) -> float:

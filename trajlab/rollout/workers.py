@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,7 @@ class RayRolloutRunner(EpisodeRunner):
         self._ray = require("ray", feature="rollout.workers", install=INSTALL)
         self.spec = spec
         self._started_ray = False
+        self._own_temp_dir: str | None = None  # made for a cluster with no run_dir; deleted with the cluster
         if not self._ray.is_initialized():
             self._start_ray(address, run_dir, workers * worker_cpus)
         free = self._ray.available_resources()
@@ -199,6 +201,9 @@ class RayRolloutRunner(EpisodeRunner):
         if self._started_ray:
             self._ray.shutdown()
             self._started_ray = False
+        if self._own_temp_dir is not None:
+            shutil.rmtree(self._own_temp_dir, ignore_errors=True)
+            self._own_temp_dir = None
 
     def _replace(self, index: int, dead: Any) -> None:
         """A fresh worker in place of a dead one (once, however many of its episodes report the death)."""
@@ -216,19 +221,20 @@ class RayRolloutRunner(EpisodeRunner):
     def _start_ray(self, address: str, run_dir: str | Path | None, cpus: float) -> None:
         options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
         if address == "local":
-            options |= {"num_cpus": max(int(cpus + 0.999), os.cpu_count() or 1),
-                        "_temp_dir": _temp_dir(Path(run_dir) if run_dir is not None else None)}
+            if run_dir is None:
+                temp_dir = self._own_temp_dir = tempfile.mkdtemp(prefix="trajlab-ray-")
+            else:
+                temp_dir = _temp_dir(Path(run_dir))
+            options |= {"num_cpus": max(int(cpus + 0.999), os.cpu_count() or 1), "_temp_dir": temp_dir}
         else:
             options["address"] = address
         self._ray.init(**options)
         self._started_ray = True
 
 
-def _temp_dir(run_dir: Path | None) -> str:
+def _temp_dir(run_dir: Path) -> str:
     """``run_dir/ray`` when its socket paths fit the kernel's limit; else a short directory, linked as ``run_dir/ray``
     so the cluster's logs are still found from the run."""
-    if run_dir is None:
-        return tempfile.mkdtemp(prefix="trajlab-ray-")
     wanted = run_dir.resolve() / "ray"
     if len(str(wanted)) <= MAX_SOCKET_DIR:
         wanted.mkdir(parents=True, exist_ok=True)
