@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import time
 
@@ -21,6 +22,10 @@ needs_bwrap = pytest.mark.skipif(not PROTECTIONS.bubblewrap, reason="bubblewrap 
 MODES = [pytest.param({}, id="bwrap", marks=needs_bwrap),
          pytest.param({"reuse_namespaces": False}, id="bwrap_per_command", marks=needs_bwrap),
          pytest.param({"use_bubblewrap": False}, id="chain")]
+#: keyctl and add_key by machine (the C library wraps neither)
+_KEY_CALLS = {"x86_64": (250, 248), "aarch64": (219, 217)}
+KEYCTL, ADD_KEY = _KEY_CALLS.get(platform.machine(), (0, 0))
+needs_key_calls = pytest.mark.skipif(not KEYCTL, reason=f"no keyctl call number known for {platform.machine()}")
 
 
 def running(marker: str) -> str:

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 from pathlib import Path
 
 import pytest
 
-from tests.sandbox.helpers import FAST, needs_bwrap
+from tests.sandbox.helpers import ADD_KEY, FAST, KEYCTL, needs_bwrap, needs_key_calls
 from trajlab.sandbox import Sandbox, SandboxError
 from trajlab.sandbox.pool import SandboxPool
-
-#: keyctl and add_key by machine (the C library wraps neither)
-_KEY_CALLS = {"x86_64": (250, 248), "aarch64": (219, 217)}
-KEYCTL, ADD_KEY = _KEY_CALLS.get(platform.machine(), (0, 0))
-needs_key_calls = pytest.mark.skipif(not KEYCTL, reason=f"no keyctl call number known for {platform.machine()}")
 
 # What a hostile last user leaves: everything it can write outside its processes, which die with its command.
 LEAVE = f"""
@@ -132,4 +126,7 @@ def test_a_sandbox_whose_wipe_leaves_something_is_cleaned_up() -> None:
         stuck.mkdir()  # root's, not the sandbox uid's: it can neither empty nor chmod it
         (stuck / "file").write_text("x")
         pool.release(box)
-        assert not Path(box.path).exists() and pool.acquire() is not box
+        assert not Path(box.path).exists()
+        replacement = pool.acquire()
+        assert replacement is not box
+        pool.release(replacement)

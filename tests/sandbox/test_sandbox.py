@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.sandbox.helpers import FAST, PROTECTIONS
+from tests.sandbox.helpers import ADD_KEY, FAST, KEYCTL, MODES, PROTECTIONS, needs_key_calls
 from trajlab.sandbox import Sandbox, SandboxError
 
 
@@ -46,3 +48,42 @@ def test_concurrent_sandboxes_keep_their_own_files() -> None:
     assert [stdout for stdout, _ in outcomes] == [f"{index}id.txt\n" for index in range(16)]
     if PROTECTIONS.private_uid:
         assert len({uid for _, uid in outcomes}) == 16
+
+
+# The session keyring's id, then the ids of the keys it holds (KEYCTL_READ: 4 bytes each), as "id:key,key".
+SESSION_KEYS = f"""import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+keyctl = lambda *args: libc.syscall(ctypes.c_long({KEYCTL}), *map(ctypes.c_long, args))
+def session_keys():
+    buffer = ctypes.create_string_buffer(4096)
+    size = libc.syscall(ctypes.c_long({KEYCTL}), ctypes.c_long(11), ctypes.c_long(-3), buffer, ctypes.c_long(4096))
+    ids = [int.from_bytes(buffer.raw[i:i + 4], "little") for i in range(0, max(size, 0), 4)]
+    return f"{{keyctl(0, -3, 0)}}:{{','.join(map(str, ids))}}"
+"""
+
+
+@needs_key_calls
+@pytest.mark.parametrize("mode", [m for m in MODES if m.id != "chain"])
+def test_commands_get_a_new_empty_session_keyring(mode: dict) -> None:
+    """A command neither possesses the host's session keyring (so cannot read its keys) nor can leave keys in it."""
+    scope: dict = {}
+    exec(SESSION_KEYS, scope)
+    libc = ctypes.CDLL(None, use_errno=True)
+    host_key = libc.syscall(ctypes.c_long(ADD_KEY), b"user", b"host-secret", b"secret", ctypes.c_size_t(6),
+                            ctypes.c_long(-3))
+    assert host_key > 0, os.strerror(ctypes.get_errno())
+    try:
+        host_before = scope["session_keys"]()
+        assert str(host_key) in host_before.split(":")[1].split(",")
+        with Sandbox(FAST, **mode) as box:
+            stash = (f"assert libc.syscall(ctypes.c_long({ADD_KEY}), b'user', b'stash', b'x', ctypes.c_size_t(1), "
+                     "ctypes.c_long(-3)) > 0\n")
+            result = box.run(["python3", "-c", SESSION_KEYS + stash + "print(session_keys())"])
+            assert result.exit_code == 0, result.stderr
+            inside_id, inside_keys = result.stdout.strip().split(":")
+        assert inside_id != host_before.split(":")[0], "the command possessed the host's session keyring"
+        assert str(host_key) not in inside_keys.split(",")
+        assert len(inside_keys.split(",")) == 1, "the command's session keyring held only the key it added"
+        assert scope["session_keys"]() == host_before, "the command changed the host's session keyring"
+    finally:
+        libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_long(21), ctypes.c_long(host_key))  # KEYCTL_INVALIDATE

@@ -35,6 +35,15 @@ _KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x
 _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTENT = 1, 7, 8, 22
 _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
 _NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)  # a kernel without (persistent) keyrings has none to wipe
+#: For one bwrap per command (no server): ``python3 -I -S -c EXEC_IN_NEW_SESSION_KEYRING ARGV...`` gives the command
+#: the new, empty session keyring the server gives its commands, then executes ARGV.
+EXEC_IN_NEW_SESSION_KEYRING = f"""import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if {_KEYCTL} and libc.syscall({_KEYCTL}, {_KEYCTL_JOIN_SESSION_KEYRING}, 0) < 0 \\
+        and ctypes.get_errno() not in {_NO_KEYRINGS}:
+    sys.exit("could not join a new session keyring: " + os.strerror(ctypes.get_errno()))
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
 
 
 def main() -> None:

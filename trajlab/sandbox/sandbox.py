@@ -21,6 +21,7 @@ from pathlib import Path
 
 from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace, bwrap_argv, exit_code
 from trajlab.sandbox.cgroups import SandboxCgroup
+from trajlab.sandbox.command_server import EXEC_IN_NEW_SESSION_KEYRING
 from trajlab.sandbox.disk_quota import (
     DIR_MODE,
     fstab_path,
@@ -185,8 +186,10 @@ class Sandbox:
         identity = identity_prefix(platform.setpriv, self.uid)
         if platform.bwrap is not None:
             # The rlimits apply inside, where RLIMIT_NPROC counts only the processes of the command's own user
-            # namespace.
-            return [*self._bwrap_prefix(pid_namespace), *rlimits, *argv]
+            # namespace. Without a Python inside, the command keeps the session keyring of whoever started bwrap.
+            keyring = [] if platform.server_python is None else \
+                [platform.server_python, "-I", "-S", "-c", EXEC_IN_NEW_SESSION_KEYRING]
+            return [*self._bwrap_prefix(pid_namespace), *keyring, *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
