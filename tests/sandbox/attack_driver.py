@@ -25,13 +25,14 @@ OTHER_FLAG = "flag{0ther0episode0secret00}"
 
 
 def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
-                recycled: bool = False) -> dict[str, Any]:
+                recycled: bool = False, per_command: bool = False) -> dict[str, Any]:
     """Run every command in a fresh sandbox beside another episode's; what each did, and what was left after.
 
     ``marker`` is in the command line of every process the attacks start: any still alive when its call returned
     is reported under ``running_after_call`` (the host's own such processes, running before, are not).
     ``recycled``: the fresh sandboxes come from one :class:`SandboxPool` keeping one, so each attack runs in the
     sandbox the attack before it was given back; files found in it after a wipe are reported under ``not_wiped``.
+    ``per_command``: each sandbox starts one bwrap per command (no command server, no pool).
     """
     hosts = live_processes(marker).keys()
     report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": [],
@@ -39,8 +40,10 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
     with Sandbox(limits) as other, SandboxPool(limits, keep=1 if recycled else 0) as pool:
         other.write_file("flag.txt", OTHER_FLAG)
         report["paths"].append(str(other.path))
+        made = 0
         for name, command in commands.items():
-            box = pool.acquire()
+            box = Sandbox(limits, reuse_namespaces=False) if per_command else pool.acquire()
+            made += per_command
             try:
                 report["paths"].append(str(box.path))
                 filled = command.replace("{other}", str(other.path)).replace("{host_pid}", str(os.getpid()))
@@ -48,12 +51,15 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
                 if running := [line for pid, line in live_processes(marker).items() if pid not in hosts]:
                     report["running_after_call"][name] = running
             finally:
-                pool.release(box)
+                if per_command:
+                    box.cleanup()
+                else:
+                    pool.release(box)
             if recycled and os.path.exists(box.path) and (found := os.listdir(box.path)):
                 report["not_wiped"][name] = found
         after = other.run("cat flag.txt")
         report["other_intact"] = other.read_file("flag.txt").decode() == OTHER_FLAG and after.stdout == OTHER_FLAG
-        report["sandboxes_made"] = pool.made
+        report["sandboxes_made"] = pool.made + made
     report["paths_left"] = sorted({path for path in report["paths"] if os.path.exists(path)})
     return report
 
@@ -61,7 +67,7 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
 def main() -> None:
     request = json.load(sys.stdin)
     report = run_attacks(request["commands"], SandboxLimits(**request["limits"]), request["marker"],
-                         recycled=request["recycled"])
+                         recycled=request["recycled"], per_command=request["per_command"])
     json.dump(report, sys.stdout)
 
 

@@ -127,7 +127,7 @@ ATTACKS = [
     Attack("fill_dev_shm", _fill("/dev/shm"), _in_stderr("No space left")),
     Attack("fill_working_directory", _fill("."), _in_stderr("No space left"), needs="disk_quota"),
     Attack("exhaust_inodes", f"i=0; while : > /tmp/{MARK}$i; do i=$((i+1)); done", _in_stderr("No space left"),
-           needs="inode_quota"),
+           needs="tmp_inode_quota"),
     Attack("sysv_ipc", "ipcmk -M 65536 && ipcmk -Q && ipcmk -S 1", lambda result, _: result["exit_code"] == 0),
     Attack("posix_message_queue",
            _python(f"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
@@ -142,6 +142,13 @@ ATTACKS = [
            lambda result, _: result["stdout"].split()[-1] == "1"),
     Attack("write_the_system", "touch /usr/bin/evil; echo x >> /etc/passwd", _failed),
     Attack("mount", "mount -t tmpfs none /tmp; mount --bind / /run", _failed),
+    Attack("lift_the_tmp_caps", _python(  # the system calls themselves: mount(8) refuses any uid but 0 on its own
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+        "print(libc.umount2(b'/tmp', 2), libc.mount(None, b'/dev/shm', None, 32, b'nr_inodes=1000000,size=1g'), "
+        "libc.mount(b'none', b'/var/tmp', b'tmpfs', 0, None))"),
+           lambda result, _: result["stdout"].split() == ["-1", "-1", "-1"]),
+    Attack("capabilities", "grep -E '^Cap(Prm|Eff|Bnd|Amb)' /proc/self/status",
+           lambda result, _: {line.split()[1] for line in result["stdout"].splitlines()} == {"0" * 16}),
     Attack("join_the_host_cgroup", "echo $$ > /sys/fs/cgroup/pids/cgroup.procs", _failed),
     Attack("hostname", "hostname pwned", lambda result, _: True),
     # Outliving the command, and the host.
@@ -202,7 +209,7 @@ def _commands(port: int) -> dict[str, str]:
     return {attack.name: attack.command.replace("PORT", str(port)) for attack in ATTACKS}
 
 
-def _as_nobody(commands: dict[str, str], *, recycled: bool) -> dict[str, Any]:
+def _as_nobody(commands: dict[str, str], *, recycled: bool, per_command: bool) -> dict[str, Any]:
     """Run the attacks from a child process of an unprivileged user (the system's python: the venv's is root's)."""
     python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     if not os.path.exists(python) or shutil.which("setpriv") is None:
@@ -210,7 +217,7 @@ def _as_nobody(commands: dict[str, str], *, recycled: bool) -> dict[str, Any]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
            "TRAJLAB_ATTACK_SECRET": SECRET}
     request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS), "marker": MARK,
-                          "recycled": recycled})
+                          "recycled": recycled, "per_command": per_command})
     with _traversable(REPO, Path(sysconfig.get_paths()["purelib"])):
         done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
                                "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True,
@@ -237,8 +244,10 @@ def _traversable(*paths: Path) -> Iterator[None]:
             folder.chmod(stat.S_IMODE(mode))
 
 
-#: Who hosts the sandboxes, and whether each attack gets a new sandbox or the one the attack before gave back, wiped.
-MODES = ["host_user", "unprivileged_child", "host_user_recycled", "unprivileged_child_recycled"]
+#: Who hosts the sandboxes, and whether each attack gets a new sandbox, the one the attack before gave back (wiped),
+#: or a new sandbox starting one bwrap per command.
+MODES = ["host_user", "unprivileged_child", "host_user_recycled", "unprivileged_child_recycled",
+         "host_user_per_command", "unprivileged_child_per_command"]
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -246,14 +255,15 @@ def attacked(request: pytest.FixtureRequest) -> dict[str, Any]:
     """One mode's report (every attack's result), with the host's state before and after."""
     if not PROTECTIONS.bubblewrap:
         pytest.skip("bubblewrap is missing or does not work here (scripts/setup_system.sh installs it as root)")
-    host, recycled = request.param.removesuffix("_recycled"), request.param.endswith("_recycled")
+    recycled, per_command = request.param.endswith("_recycled"), request.param.endswith("_per_command")
+    host = request.param.removesuffix("_recycled").removesuffix("_per_command")
     if host == "unprivileged_child" and os.geteuid() != 0:
         pytest.skip("the tests already run unprivileged: host_user is that mode")
     with _host_bait() as bait:
         before = HostState.now()
         commands = _commands(bait["port"])
-        report = (run_attacks(commands, LIMITS, MARK, recycled=recycled) if host == "host_user"
-                  else _as_nobody(commands, recycled=recycled))
+        report = (run_attacks(commands, LIMITS, MARK, recycled=recycled, per_command=per_command)
+                  if host == "host_user" else _as_nobody(commands, recycled=recycled, per_command=per_command))
         report["recycled"] = recycled
         report["before"], report["after"] = before, HostState.now()
         report["sleeper_alive"] = bait["sleeper"].poll() is None

@@ -7,7 +7,9 @@ processes, open files), a wall-clock timeout, an output cap and a scrubbed envir
 in its own user, PID, IPC, network, UTS, cgroup and mount namespaces with a read-only view of the system and private
 /tmp, /var/tmp and /dev/shm. As root a sandbox also gets its own uid, a tmpfs capped in bytes and inodes (its
 directory and its commands' tmp directories) and, with cgroup v1, caps on the memory and processes of all its
-processes together. Without bubblewrap, util-linux's ``unshare`` and ``setpriv`` give what they can.
+processes together; without root, its commands' tmp directories are each capped in bytes and inodes (mounted by the
+command server, which then drops every capability). Without bubblewrap, util-linux's ``unshare`` and ``setpriv``
+give what they can.
 :func:`probe_protections` reports what this machine gives; :func:`require_strong_isolation` is how an env refuses
 less. What a killed process's sandboxes left is removed by the next process's :func:`sweep`. A :class:`SandboxPool`
 hands out sandboxes as new without making one each time: a released one is wiped (files, IPC objects, keys) and

@@ -5,10 +5,10 @@ few milliseconds, as root and unprivileged. Inside, the command sees a read-only
 files (never the host's home, ``/run``, ``/var`` or ``/sys``), a fresh ``/proc`` holding only its own processes, a
 minimal ``/dev``, only a loopback interface (abstract unix sockets of the host live in the host's network namespace),
 its sandbox's working directory, and a private ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/dev/mqueue``. It cannot
-create user namespaces (``--disable-userns``), and when its first process exits, or the host dies
-(``--die-with-parent``), the PID namespace's init exits and the kernel kills everything left in it: nothing a command
-starts outlives it. That killing is asynchronous, so :class:`PidNamespace` waits for it before a command's call
-returns.
+create user namespaces (``--disable-userns``, or the command server's confinement), and when its first process exits,
+or the host dies (``--die-with-parent``), the PID namespace's init exits and the kernel kills everything left in it:
+nothing a command starts outlives it. That killing is asynchronous, so :class:`PidNamespace` waits for it before a
+command's call returns.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import select
 from pathlib import Path
 
+from trajlab.sandbox.command_server import CONFINE_CAPABILITIES
 from trajlab.sandbox.errors import SandboxError
 
 #: The system directories the command sees, read-only; where the host has merged /usr they are symlinks.
@@ -106,7 +107,8 @@ def _is_child(pid: int, *, of: int) -> bool:
 
 
 def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
-               pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None) -> list[str]:
+               pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None,
+               confine: bool = False) -> list[str]:
     """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
 
     Args:
@@ -118,10 +120,19 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         pid_namespace: where bwrap reports the namespace's init, for the host to wait for its end.
         server: a descriptor holding the command server's source and where to put it inside, read-only; the command
             then runs as the PID namespace's init (:mod:`trajlab.sandbox.command_server`).
+        confine: the command is the command server (or its ``--exec``), which mounts the private tmp dirs with inode
+            caps and then disables user namespaces and drops its capabilities itself: it starts as its user
+            namespace's root with the capabilities that needs.
     """
     info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
-    argv = [bwrap, *info, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
+    if confine:
+        privileges = ["--uid", "0", "--gid", "0", "--cap-drop", "ALL"]
+        for capability in CONFINE_CAPABILITIES:
+            privileges += ["--cap-add", capability]
+    else:
+        privileges = ["--disable-userns", "--cap-drop", "ALL"]
+    argv = [bwrap, *info, "--unshare-all", "--unshare-user", *privileges, "--die-with-parent", "--new-session",
+            "--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
     for name in _SYSTEM_DIRS:
         path = f"/{name}"
         if os.path.islink(path):

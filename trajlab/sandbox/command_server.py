@@ -14,6 +14,12 @@ is left. Between commands the host may ask it to wipe the sandbox for its next u
 answered ``{"left": <what could not be removed>}``): the directories' contents, the IPC namespace's SysV objects and
 the keyrings of the sandbox's uid, the state that commands can leave behind when none of their processes is left. It
 exits when the host closes the socket.
+
+Started without root's tmpfs (see :func:`trajlab.sandbox.bwrap.bwrap_argv`, ``confine``), it first confines itself
+and so every command: as its user namespace's root it mounts ``/tmp``, ``/var/tmp`` and ``/dev/shm`` as tmpfs capped
+in bytes and inodes (bwrap's own tmpfs has no inode cap), then enters a nested user namespace, its parent allowed no
+other, mapped to the host user's ids, and drops every capability for good: commands cannot unmount those caps or
+make user namespaces. One bwrap per command runs the same steps, then the command, with ``--exec SETUP ARGV...``.
 """
 
 import contextlib
@@ -21,6 +27,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -35,27 +42,31 @@ _KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x
 _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTENT = 1, 7, 8, 22
 _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
 _NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)  # a kernel without (persistent) keyrings has none to wipe
-#: For one bwrap per command (no server): ``python3 -I -S -c EXEC_IN_NEW_SESSION_KEYRING ARGV...`` gives the command
-#: the new, empty session keyring the server gives its commands, then executes ARGV.
-EXEC_IN_NEW_SESSION_KEYRING = f"""import ctypes, os, sys
-libc = ctypes.CDLL(None, use_errno=True)
-if {_KEYCTL} and libc.syscall({_KEYCTL}, {_KEYCTL_JOIN_SESSION_KEYRING}, 0) < 0 \\
-        and ctypes.get_errno() not in {_NO_KEYRINGS}:
-    sys.exit("could not join a new session keyring: " + os.strerror(ctypes.get_errno()))
-os.execvp(sys.argv[1], sys.argv[1:])
-"""
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 0x1000, 0x4000
+_CLONE_NEWUSER = 0x10000000
+_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+#: noroot, no_setuid_fixup, keep_caps (off) and no_cap_ambient_raise, each locked: uid 0 never regains capabilities
+_SECURE_BITS = 0x1 | 0x2 | 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+_CAPABILITY_VERSION_3 = 0x20080522
+#: What bwrap must grant the server for :func:`_confine` (it keeps none of them).
+CONFINE_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_SETPCAP", "CAP_SETFCAP")
 
 
 def main() -> None:
+    """``FD SETUP``: serve commands on socket FD; ``--exec SETUP ARGV...``: run ARGV alone. SETUP is JSON, see
+    :func:`_confine`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # Commands inherit this process's session keyring: a new, empty one, not the one of whoever started bwrap.
+    if _keyctl(libc, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0 and ctypes.get_errno() not in _NO_KEYRINGS:
+        sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
+    _confine(libc, json.loads(sys.argv[2]))
+    if sys.argv[1] == "--exec":
+        os.execvp(sys.argv[3], sys.argv[3:])
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         sys.exit(f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
-    # Commands inherit the server's session keyring: a new, empty one, not the one of whoever started bwrap.
-    if _keyctl(libc, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0 and ctypes.get_errno() not in _NO_KEYRINGS:
-        sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
     control = socket.socket(fileno=int(sys.argv[1]))
     control.set_inheritable(False)
     control.send(b'{"ready": true}')
@@ -72,6 +83,64 @@ def main() -> None:
         status = os.waitpid(pid, 0)[1] if pid is not None else _CANNOT_RUN
         _kill_the_rest()
         control.send(json.dumps({"status": status}).encode())
+
+
+def _confine(libc: ctypes.CDLL, setup: dict) -> None:
+    """With ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``): mount those tmpfs, then leave for a nested
+    user namespace (``setup["uid"]``, ``["gid"]``) that no command can leave or nest, without capabilities. Exits
+    the process on any failure: a command must never run half-confined."""
+    if not setup.get("tmpfs"):
+        return
+    for directory, size, inodes, mode in setup["tmpfs"]:
+        # What bwrap bound below it (the working directory, in a /tmp sandbox) is bound again onto the new tmpfs.
+        kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in _top_mounts_below(directory)]
+        options = f"size={size},nr_inodes={inodes},mode={mode:o}".encode()
+        mounted = libc.mount(b"tmpfs", directory.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options)
+        _check(mounted, f"mount {directory}")
+        for path, fd in kept:
+            os.makedirs(path, exist_ok=True)
+            _check(libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, _MS_BIND | _MS_REC, None),
+                   f"bind {path}")
+            os.close(fd)
+    # This user namespace may hold one more: the nested one made next, where commands then cannot make any.
+    _write("/proc/sys/user/max_user_namespaces", "1")
+    _check(libc.unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{setup['uid']} 0 1")
+    _write("/proc/self/gid_map", f"{setup['gid']} 0 1")
+    # The mounts belong to the parent namespace, where this one has no capability; these drop the rest for good.
+    with open("/proc/sys/kernel/cap_last_cap") as last:
+        for capability in range(int(last.read()) + 1):
+            _check(libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+    _check(libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "prctl(PR_CAP_AMBIENT)")
+    _check(libc.prctl(_PR_SET_SECUREBITS, _SECURE_BITS, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    _check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+
+
+def _top_mounts_below(directory: str) -> list:
+    """The mount points strictly below ``directory`` that are not below another of them (``/proc/self/mountinfo``:
+    the fifth field, with spaces and the like octal-escaped)."""
+    found = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), line.split()[4])
+            if point.startswith(directory.rstrip("/") + "/") and not any(point.startswith(f"{top}/") for top in found):
+                found.append(point)
+    return found
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as file:
+            file.write(text)
+    except OSError as exc:
+        sys.exit(f"could not write {text!r} to {path}: {exc.strerror}")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        sys.exit(f"{what} failed: {os.strerror(ctypes.get_errno())}")
 
 
 def _spawn(request: dict, fds: list) -> int | None:

@@ -25,6 +25,7 @@ from trajlab.sandbox.bwrap import bwrap_argv
 from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL
+from trajlab.sandbox.session import confined_exec_argv, confinement
 from trajlab.sandbox.uids import SANDBOX_UID_RANGE, identity_prefix
 
 
@@ -59,6 +60,9 @@ class Protections:
     #: they start outlives them. Without root, /tmp, /var/tmp and /dev/shm are each a tmpfs of ``disk_bytes``, made
     #: with the sandbox's namespaces (again after a command timed out).
     bubblewrap: bool = False
+    #: /tmp, /var/tmp and /dev/shm cap the number of files and directories (``inodes``): on the sandbox's tmpfs
+    #: (inode_quota), or, without it, each a tmpfs mounted with that cap by the command server under bubblewrap.
+    tmp_inode_quota: bool = False
     #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
     cgroup_limits: bool = False
 
@@ -83,6 +87,8 @@ class Platform:
     bwrap: str | None = None  # set when commands run under bubblewrap
     #: The interpreter that runs each sandbox's command server inside bubblewrap (None: one bwrap per command).
     server_python: str | None = None
+    #: Without the sandbox's tmpfs, the command server confines itself (inode-capped tmp dirs, no user namespaces).
+    confine: bool = False
 
 
 #: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
@@ -137,6 +143,12 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
     net_prefix = () if bwrap else next((prefix for prefix in _net_prefixes() if _works([*prefix, *identity])), ())
     unshare = shutil.which("unshare")
     disk_quota = private_uid and (bwrap is not None or unshare is not None) and _can_mount_private_tmp(unshare, bwrap)
+    server_python = _server_python([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)]) \
+        if bwrap is not None else None
+    confine = bwrap is not None and server_python is not None and not disk_quota and _works(
+        [*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20, confine=True)],
+        command=(*confined_exec_argv(server_python, confinement(probe_uid if private_uid else None, 1 << 20, 64)),
+                 SHELL, "-c", ":"))
     protections = Protections(
         private_uid=private_uid,
         process_cap=private_uid or not root or bwrap is not None,
@@ -146,11 +158,10 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         disk_quota=disk_quota,
         inode_quota=disk_quota,
         bubblewrap=bwrap is not None,
+        tmp_inode_quota=disk_quota or confine,
         cgroup_limits=root and cgroups.available(),
     )
-    server_python = _server_python([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)]) \
-        if bwrap is not None else None
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine)
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:

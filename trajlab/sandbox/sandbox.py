@@ -21,7 +21,6 @@ from pathlib import Path
 
 from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace, bwrap_argv, exit_code
 from trajlab.sandbox.cgroups import SandboxCgroup
-from trajlab.sandbox.command_server import EXEC_IN_NEW_SESSION_KEYRING
 from trajlab.sandbox.disk_quota import (
     DIR_MODE,
     fstab_path,
@@ -36,7 +35,7 @@ from trajlab.sandbox.leases import Lease, Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
-from trajlab.sandbox.session import SERVER_INSIDE, CommandSession
+from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
 from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
 from trajlab.sandbox.uids import identity_prefix, kill_uid, require_traversable
 
@@ -94,9 +93,13 @@ class Sandbox:
             if self._lease.uid is not None:
                 require_traversable(self.path)
                 os.chown(self.path, self._lease.uid, self._lease.uid)
+            # Without the sandbox's tmpfs, the command server (or its --exec) caps the tmp dirs' inodes itself.
+            self._confine = self._platform.confine and not self._mounted
+            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes) if self._confine else {}
             if self._platform.bwrap is not None and self._platform.server_python is not None and reuse_namespaces:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
-                                               env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers)
+                                               env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
+                                               setup=self._setup)
         except BaseException:
             self._tear_down()
             raise
@@ -187,9 +190,8 @@ class Sandbox:
         if platform.bwrap is not None:
             # The rlimits apply inside, where RLIMIT_NPROC counts only the processes of the command's own user
             # namespace. Without a Python inside, the command keeps the session keyring of whoever started bwrap.
-            keyring = [] if platform.server_python is None else \
-                [platform.server_python, "-I", "-S", "-c", EXEC_IN_NEW_SESSION_KEYRING]
-            return [*self._bwrap_prefix(pid_namespace), *keyring, *rlimits, *argv]
+            confined = [] if platform.server_python is None else confined_exec_argv(platform.server_python, self._setup)
+            return [*self._bwrap_prefix(pid_namespace), *confined, *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
@@ -208,7 +210,8 @@ class Sandbox:
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
-                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server)
+                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
+                         confine=self._confine)
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
 
     def _kill_leftovers(self) -> None:

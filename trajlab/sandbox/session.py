@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trajlab.sandbox.bwrap import PidNamespace
+from trajlab.sandbox.bwrap import PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.limits import COMMAND_UMASK, HELPER_TIMEOUT_S, SandboxLimits
 from trajlab.sandbox.process import SandboxResult, pump, stdin_file
@@ -31,6 +31,20 @@ from trajlab.sandbox.process import SandboxResult, pump, stdin_file
 #: reach the installed file, in a clone under a private directory, say).
 SERVER_SOURCE = Path(__file__).with_name("command_server.py")
 SERVER_INSIDE = "/run/trajlab/command_server.py"
+
+
+def confinement(uid: int | None, tmp_bytes: int, tmp_inodes: int) -> dict:
+    """The command server's SETUP for :func:`~trajlab.sandbox.command_server._confine`: the private tmp dirs as tmpfs
+    of ``tmp_bytes`` and ``tmp_inodes`` each, and commands running as ``uid`` (None: the host's own user)."""
+    uid_, gid = (os.getuid(), os.getgid()) if uid is None else (uid, uid)
+    return {"tmpfs": [[directory, tmp_bytes, tmp_inodes, TMPFS_MODE] for directory in PRIVATE_TMP_DIRS],
+            "uid": uid_, "gid": gid}
+
+
+def confined_exec_argv(python: str, setup: dict) -> list[str]:
+    """argv (inside bwrap) that gives the rest a new session keyring and ``setup``'s confinement (none for ``{}``),
+    as the command server gives its commands, then runs it: for one bwrap per command."""
+    return [python, "-I", "-S", "-c", _server_source().decode(), "--exec", json.dumps(setup)]
 _MAX_REPLY_BYTES = 4096
 
 
@@ -43,11 +57,13 @@ class CommandSession:
         python: the interpreter that runs the server, as commands see it.
         cwd, env: the server's (and each command's) working directory and environment.
         kill_leftovers: kills what the sandbox's uid or cgroups still run, when the namespace is torn down.
+        setup: the server's confinement (:func:`confinement`), for a bwrap started with ``confine``; None: none.
     """
 
     def __init__(self, launch_prefix: Callable[[PidNamespace, int], list[str]], python: str, *, cwd: Path,
-                 env: dict[str, str], kill_leftovers: Callable[[], None]) -> None:
+                 env: dict[str, str], kill_leftovers: Callable[[], None], setup: dict | None = None) -> None:
         self._launch_prefix, self._python = launch_prefix, python
+        self._setup = json.dumps(setup or {})
         self._cwd, self._env = cwd, env
         self._kill_leftovers = kill_leftovers
         self._process: subprocess.Popen[bytes] | None = None
@@ -136,7 +152,7 @@ class CommandSession:
         pid_namespace = PidNamespace()
         source = _source_pipe()
         argv = [*self._launch_prefix(pid_namespace, source), self._python, "-I", "-S", SERVER_INSIDE,
-                str(server_end.fileno())]
+                str(server_end.fileno()), self._setup]
         try:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                        stderr=subprocess.PIPE, cwd=self._cwd, env=self._env, umask=COMMAND_UMASK,
