@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from tests.sandbox.helpers import live_processes
-from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+from trajlab.sandbox import Sandbox, SandboxLimits
 from trajlab.sandbox.pool import SandboxPool
 
 OTHER_FLAG = "flag{0ther0episode0secret00}"
@@ -35,9 +35,10 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
     ``per_command``: each sandbox starts one bwrap per command (no command server, no pool).
     """
     hosts = live_processes(marker).keys()
-    report: dict[str, Any] = {"protections": dataclasses.asdict(probe_protections()), "results": {}, "paths": [],
-                              "running_after_call": {}, "not_wiped": {}}
-    with Sandbox(limits) as other, SandboxPool(limits, keep=1 if recycled else 0) as pool:
+    report: dict[str, Any] = {"results": {}, "paths": [], "running_after_call": {}, "not_wiped": {}}
+    with Sandbox(limits, reuse_namespaces=not per_command) as other, \
+            SandboxPool(limits, keep=1 if recycled else 0) as pool:
+        report["protections"] = dataclasses.asdict(other.protections())
         other.write_file("flag.txt", OTHER_FLAG)
         report["paths"].append(str(other.path))
         made = 0

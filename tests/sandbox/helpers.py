@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import shutil
+import stat
 import subprocess
+import sys
+import sysconfig
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from trajlab.sandbox import SandboxLimits, probe_protections
 
+REPO = Path(__file__).resolve().parents[2]
+NOBODY = 65534
 PROTECTIONS = probe_protections()
 FAST = SandboxLimits(cpu_seconds=2, memory_bytes=512 << 20, file_size_bytes=1 << 20, max_processes=32,
                      wall_timeout_s=5.0, max_output_bytes=4096)
@@ -47,6 +56,38 @@ def live_processes(marker: str) -> dict[int, str]:
         if marker in command and state != "Z":
             found[int(pid)] = command
     return found
+
+
+def run_as_nobody(args: list[str], stdin: str = "", *, env: dict[str, str] | None = None,
+                  timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` as the unprivileged user nobody, importing this checkout's trajlab and tests (the system's
+    Python: the venv's belongs to root); skips the test where that cannot run."""
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    if os.geteuid() != 0 or not os.path.exists(python) or shutil.which("setpriv") is None:
+        pytest.skip(f"needs root with {python} and setpriv to run as an unprivileged user")
+    packages = Path(sysconfig.get_paths()["purelib"])
+    with _traversable(REPO, packages):
+        return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, *args],
+                              input=stdin, capture_output=True, text=True, cwd="/", timeout=timeout_s, check=False,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{packages}", **(env or {})})
+
+
+@contextlib.contextmanager
+def _traversable(*paths: Path) -> Iterator[None]:
+    """Let other users pass through the folders above ``paths`` for the block (a clone in ``mktemp -d`` sits in a
+    0700 folder, which would keep the unprivileged child from importing trajlab); their modes are restored after."""
+    changed = {}
+    for path in paths:
+        for folder in Path(path).resolve().parents:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH and folder not in changed:
+                changed[folder] = mode
+                folder.chmod(mode | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for folder, mode in changed.items():
+            folder.chmod(stat.S_IMODE(mode))
 
 
 def leftovers(marker: str) -> str:

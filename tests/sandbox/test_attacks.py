@@ -14,13 +14,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
-import sysconfig
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,13 +26,11 @@ from typing import Any
 import pytest
 
 from tests.sandbox.attack_driver import OTHER_FLAG, run_attacks
-from tests.sandbox.helpers import PROTECTIONS, leftovers
+from tests.sandbox.helpers import PROTECTIONS, REPO, leftovers, run_as_nobody
 from trajlab.sandbox import SandboxLimits
 
-REPO = Path(__file__).resolve().parents[2]
 MARK = f"atk{uuid.uuid4().hex[:10]}"  # in every name and command line an attack leaves behind
 SECRET = f"sk-attack-secret-{uuid.uuid4().hex}"
-NOBODY = 65534
 LIMITS = SandboxLimits(cpu_seconds=1, memory_bytes=256 << 20, file_size_bytes=1 << 20, max_processes=32,
                        open_files=64, wall_timeout_s=3.0, max_output_bytes=8192, disk_bytes=8 << 20, inodes=256,
                        total_memory_bytes=256 << 20)
@@ -125,7 +120,9 @@ ATTACKS = [
            lambda result, _: int(result["stdout"]) == LIMITS.file_size_bytes),
     Attack("fill_tmp", _fill("/tmp"), _in_stderr("No space left")),
     Attack("fill_dev_shm", _fill("/dev/shm"), _in_stderr("No space left")),
-    Attack("fill_working_directory", _fill("."), _in_stderr("No space left"), needs="disk_quota"),
+    Attack("fill_working_directory", _fill("."), _in_stderr("No space left"), needs="work_dir_quota"),
+    Attack("exhaust_working_directory_inodes", f"i=0; while : > {MARK}$i; do i=$((i+1)); done",
+           _in_stderr("No space left"), needs="work_dir_quota"),
     Attack("exhaust_inodes", f"i=0; while : > /tmp/{MARK}$i; do i=$((i+1)); done", _in_stderr("No space left"),
            needs="tmp_inode_quota"),
     Attack("sysv_ipc", "ipcmk -M 65536 && ipcmk -Q && ipcmk -S 1", lambda result, _: result["exit_code"] == 0),
@@ -210,38 +207,12 @@ def _commands(port: int) -> dict[str, str]:
 
 
 def _as_nobody(commands: dict[str, str], *, recycled: bool, per_command: bool) -> dict[str, Any]:
-    """Run the attacks from a child process of an unprivileged user (the system's python: the venv's is root's)."""
-    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    if not os.path.exists(python) or shutil.which("setpriv") is None:
-        pytest.skip(f"no {python} or setpriv to run the attacks as an unprivileged user")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}",
-           "TRAJLAB_ATTACK_SECRET": SECRET}
+    """Run the attacks from a child process of an unprivileged user."""
     request = json.dumps({"commands": commands, "limits": dataclasses.asdict(LIMITS), "marker": MARK,
                           "recycled": recycled, "per_command": per_command})
-    with _traversable(REPO, Path(sysconfig.get_paths()["purelib"])):
-        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, "-m",
-                               "tests.sandbox.attack_driver"], input=request, capture_output=True, text=True,
-                              env=env, cwd="/", timeout=120, check=False)
+    done = run_as_nobody(["-m", "tests.sandbox.attack_driver"], request, env={"TRAJLAB_ATTACK_SECRET": SECRET})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
-
-
-@contextlib.contextmanager
-def _traversable(*paths: Path) -> Iterator[None]:
-    """Let other users pass through the folders above ``paths`` for the block (a clone in ``mktemp -d`` sits in a
-    0700 folder, which would keep the unprivileged child from importing trajlab); their modes are restored after."""
-    changed = {}
-    for path in paths:
-        for folder in Path(path).resolve().parents:
-            mode = folder.stat().st_mode
-            if not mode & stat.S_IXOTH and folder not in changed:
-                changed[folder] = mode
-                folder.chmod(mode | stat.S_IXOTH)
-    try:
-        yield
-    finally:
-        for folder, mode in changed.items():
-            folder.chmod(stat.S_IMODE(mode))
 
 
 #: Who hosts the sandboxes, and whether each attack gets a new sandbox, the one the attack before gave back (wiped),

@@ -1,5 +1,5 @@
-"""A sandbox's long-lived bubblewrap: one namespace for its commands, a command server they cannot touch, and a new
-namespace after a timeout or the server's death."""
+"""A sandbox's long-lived bubblewrap: one namespace for its commands, a command server they cannot touch, the same
+namespace after a timeout, and a new one after the server's death."""
 
 from __future__ import annotations
 
@@ -48,12 +48,20 @@ def test_exit_statuses_are_exact(box: Sandbox) -> None:
     assert [box.run(command).exit_code for command in ("exit 137", "kill -TERM $$", "exit 0")] == [137, -15, 0]
 
 
-def test_a_timeout_takes_the_namespace_and_the_next_command_gets_a_new_one() -> None:
+def test_a_timeout_kills_the_command_and_what_it_started_and_keeps_the_namespace() -> None:
+    """The server ends a command past its time (SIGUSR1 from the host): its files in /tmp stay for the next one."""
     with Sandbox(dataclasses.replace(FAST, wall_timeout_s=0.5)) as box:
-        before = box.run(NAMESPACES).stdout
-        assert box.run("sleep 10").timed_out
-        after = box.run(NAMESPACES)
-    assert after.exit_code == 0 and set(after.stdout.splitlines()).isdisjoint(before.splitlines())
+        before = box.run(f"{NAMESPACES}; echo kept > /tmp/note").stdout
+        late = box.run("setsid sleep 30 & sleep 10")
+        assert late.timed_out and late.exit_code == -signal.SIGKILL
+        after = box.run(f"{NAMESPACES}; cat /tmp/note; ps -e -o comm= | grep -c sleep")
+    assert after.stdout.splitlines() == [*before.splitlines(), "kept", "0"]
+
+
+def test_a_command_that_signals_the_server_ends_only_itself(box: Sandbox) -> None:
+    namespaces = box.run(NAMESPACES).stdout
+    assert box.run("kill -USR1 1; sleep 5; echo survived").exit_code == -signal.SIGKILL
+    assert box.run(NAMESPACES).stdout == namespaces
 
 
 def test_the_servers_death_mid_command_reads_as_killed_and_the_next_command_works(box: Sandbox) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 from pathlib import Path
 
 from trajlab.sandbox.command_server import CONFINE_CAPABILITIES
@@ -56,6 +57,7 @@ class PidNamespace:
     def __init__(self) -> None:
         self._info_read, self.info_fd = os.pipe()
         self._init: int | None = None  # a pidfd on the namespace's init
+        self.init_pid: int | None = None
 
     def attach(self, bwrap_pid: int, timeout_s: float) -> None:
         """Read which process is the namespace's init, once bwrap ``bwrap_pid`` started (its ``--info-fd``).
@@ -74,6 +76,19 @@ class PidNamespace:
                 self._init = os.pidfd_open(init_pid)
                 if not _is_child(init_pid, of=bwrap_pid):  # the init exited and its pid went to another process
                     self.close()
+                else:
+                    self.init_pid = init_pid
+
+    def signal_init(self, number: int) -> bool:
+        """Send signal ``number`` to the namespace's init (through its pidfd: never to a process that took its pid);
+        whether it was sent."""
+        if self._init is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._init, number)
+        except ProcessLookupError:
+            return False
+        return True
 
     def abandon(self) -> None:
         """Close the info pipe of a bwrap that could not be started."""
@@ -94,7 +109,7 @@ class PidNamespace:
     def close(self) -> None:
         if self._init is not None:
             os.close(self._init)
-            self._init = None
+            self._init, self.init_pid = None, None
 
 
 def _is_child(pid: int, *, of: int) -> bool:

@@ -65,6 +65,9 @@ def main() -> None:
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # The host's way to end a command that ran out of time, keeping the namespace (and its files) for the next one.
+    # Commands can send it too: it kills only them.
+    signal.signal(signal.SIGUSR1, _kill_all_but_me)
     if libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         sys.exit(f"prctl(PR_SET_DUMPABLE) failed: {os.strerror(ctypes.get_errno())}")
     control = socket.socket(fileno=int(sys.argv[1]))
@@ -86,12 +89,13 @@ def main() -> None:
 
 
 def _confine(libc: ctypes.CDLL, setup: dict) -> None:
-    """With ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``): mount those tmpfs, then leave for a nested
+    """With ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``): mount those tmpfs (in that order; a mount
+    already below one of them is bound again onto it), then leave for a nested
     user namespace (``setup["uid"]``, ``["gid"]``) that no command can leave or nest, without capabilities. Exits
     the process on any failure: a command must never run half-confined."""
     if not setup.get("tmpfs"):
         return
-    for directory, size, inodes, mode in setup["tmpfs"]:
+    for directory, size, inodes, mode in setup["tmpfs"]:  # the working directory last: it may lie below /tmp
         # What bwrap bound below it (the working directory, in a /tmp sandbox) is bound again onto the new tmpfs.
         kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in _top_mounts_below(directory)]
         options = f"size={size},nr_inodes={inodes},mode={mode:o}".encode()
@@ -116,6 +120,7 @@ def _confine(libc: ctypes.CDLL, setup: dict) -> None:
     _check(libc.prctl(_PR_SET_SECUREBITS, _SECURE_BITS, 0, 0, 0), "prctl(PR_SET_SECUREBITS)")
     header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
     _check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+    os.chdir(os.getcwd())  # the working directory as mounted now, not the one bwrap entered under it
 
 
 def _top_mounts_below(directory: str) -> list:
@@ -161,10 +166,15 @@ def _spawn(request: dict, fds: list) -> int | None:
             os.close(fd)
 
 
+def _kill_all_but_me(*_: object) -> None:
+    """Kill every other process of the namespace; the wait for the command then returns."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+
+
 def _kill_the_rest() -> None:
     """Kill every other process of the namespace (kill(-1) from its init reaches all of them) and reap them."""
-    with contextlib.suppress(ProcessLookupError):  # none alive; zombies may still be there
-        os.kill(-1, signal.SIGKILL)
+    _kill_all_but_me()  # none alive raises nothing; zombies may still be there
     while True:
         try:
             os.waitpid(-1, 0)

@@ -58,11 +58,15 @@ class Protections:
     #: Commands run under bubblewrap: their own user, PID, IPC, network, UTS, cgroup and mount namespaces, no nested
     #: user namespaces, a read-only system, the host's processes, files and unix sockets out of sight, and nothing
     #: they start outlives them. Without root, /tmp, /var/tmp and /dev/shm are each a tmpfs of ``disk_bytes``, made
-    #: with the sandbox's namespaces (again after a command timed out).
+    #: with the sandbox's namespaces.
     bubblewrap: bool = False
     #: /tmp, /var/tmp and /dev/shm cap the number of files and directories (``inodes``): on the sandbox's tmpfs
     #: (inode_quota), or, without it, each a tmpfs mounted with that cap by the command server under bubblewrap.
     tmp_inode_quota: bool = False
+    #: The working directory is capped in bytes (``disk_bytes``) and inodes (``inodes``): the sandbox's tmpfs
+    #: (disk_quota), or, without it, a tmpfs the command server mounts in its namespace, which the host reaches through
+    #: ``/proc/<server>/root`` (not with one bwrap per command: :meth:`Sandbox.protections` says which a sandbox has).
+    work_dir_quota: bool = False
     #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
     cgroup_limits: bool = False
 
@@ -159,6 +163,7 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         inode_quota=disk_quota,
         bubblewrap=bwrap is not None,
         tmp_inode_quota=disk_quota or confine,
+        work_dir_quota=disk_quota or confine,
         cgroup_limits=root and cgroups.available(),
     )
     return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine)

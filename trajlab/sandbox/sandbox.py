@@ -93,13 +93,18 @@ class Sandbox:
             if self._lease.uid is not None:
                 require_traversable(self.path)
                 os.chown(self.path, self._lease.uid, self._lease.uid)
-            # Without the sandbox's tmpfs, the command server (or its --exec) caps the tmp dirs' inodes itself.
+            server = self._platform.bwrap is not None and self._platform.server_python is not None and \
+                reuse_namespaces
+            # Without the sandbox's tmpfs, the command server (or its --exec) caps the tmp dirs itself, and the
+            # server also makes the working directory a capped tmpfs, which the host then reaches through /proc.
             self._confine = self._platform.confine and not self._mounted
-            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes) if self._confine else {}
-            if self._platform.bwrap is not None and self._platform.server_python is not None and reuse_namespaces:
+            self._work_in_namespace = self._confine and server
+            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes,
+                                      work=self.path if self._work_in_namespace else None) if self._confine else {}
+            if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
                                                env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
-                                               setup=self._setup)
+                                               setup=self._setup, keeps_files=self._work_in_namespace)
         except BaseException:
             self._tear_down()
             raise
@@ -111,7 +116,10 @@ class Sandbox:
 
     def protections(self) -> Protections:
         """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
-        return self._platform.protections
+        protections = self._platform.protections
+        if self._confine and not self._work_in_namespace:  # one bwrap per command: nothing holds a tmpfs between
+            protections = dataclasses.replace(protections, work_dir_quota=False)
+        return protections
 
     def run(self, command: str | Sequence[str], stdin: str | None = None) -> SandboxResult:
         """Run ``command`` (a string goes to ``/bin/sh -c``) in the sandbox directory and wait for it.
@@ -155,18 +163,27 @@ class Sandbox:
             self._session.wipe([(str(self.path), DIR_MODE), *private_tmp, (MQUEUE_DIR, None)])
 
     def write_file(self, path: str, content: str | bytes) -> Path:
-        """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``."""
+        """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``.
+        Returns its path as commands see it."""
         inside = inside_path(path)
         with self._lock:
             self._require_open()
-            return write_file(self.path, inside, content, owner=self.uid)
+            write_file(self._host_view(), inside, content, owner=self.uid)
+            return self.path.joinpath(*inside.parts)
 
     def read_file(self, path: str) -> bytes:
         """Read a file inside the sandbox directory; refuses symlinks, ``..`` and files hard-linked from elsewhere."""
         inside = inside_path(path)
         with self._lock:
             self._require_open()
-            return read_file(self.path, inside)
+            return read_file(self._host_view(), inside)
+
+    def _host_view(self) -> Path:
+        """The sandbox directory as the host reaches it: in the command server's namespace where it lives there."""
+        if self._work_in_namespace:
+            assert self._session is not None
+            return self._session.host_root() / self.path.relative_to("/")
+        return self.path
 
     def cleanup(self) -> None:
         """Kill whatever the sandbox left running, delete what it made and give back its lease. Idempotent."""

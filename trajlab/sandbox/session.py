@@ -3,9 +3,9 @@
 Why: making seven namespaces and about 40 mounts for every command capped a sandbox at about 100 commands/s on 2
 cores. Here bwrap starts once per sandbox (lazily, on its first command) with :mod:`trajlab.sandbox.command_server`
 as the PID namespace's init, and each command is its child (vfork and exec), writing straight into the host's
-pipes. What a command left running is killed before its call returns, as with one bwrap per command; a command that
-times out, or whose output cannot be read to the end, takes the whole namespace with it, and the next command starts
-a new one.
+pipes. What a command left running is killed before its call returns, as with one bwrap per command; so is a command
+that times out (the host signals the server), and the namespace stays. A command whose output cannot be read to the
+end, or a server that does not answer, takes the whole namespace with it, and the next command starts a new one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trajlab.sandbox.bwrap import PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace
+from trajlab.sandbox.disk_quota import DIR_MODE
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.limits import COMMAND_UMASK, HELPER_TIMEOUT_S, SandboxLimits
 from trajlab.sandbox.process import SandboxResult, pump, stdin_file
@@ -33,12 +34,15 @@ SERVER_SOURCE = Path(__file__).with_name("command_server.py")
 SERVER_INSIDE = "/run/trajlab/command_server.py"
 
 
-def confinement(uid: int | None, tmp_bytes: int, tmp_inodes: int) -> dict:
-    """The command server's SETUP for :func:`~trajlab.sandbox.command_server._confine`: the private tmp dirs as tmpfs
-    of ``tmp_bytes`` and ``tmp_inodes`` each, and commands running as ``uid`` (None: the host's own user)."""
+def confinement(uid: int | None, tmp_bytes: int, tmp_inodes: int, work: Path | None = None) -> dict:
+    """The command server's SETUP for :func:`~trajlab.sandbox.command_server._confine`: the private tmp dirs (and
+    ``work``, the working directory, when given) as tmpfs of ``tmp_bytes`` and ``tmp_inodes`` each, and commands
+    running as ``uid`` (None: the host's own user)."""
     uid_, gid = (os.getuid(), os.getgid()) if uid is None else (uid, uid)
-    return {"tmpfs": [[directory, tmp_bytes, tmp_inodes, TMPFS_MODE] for directory in PRIVATE_TMP_DIRS],
-            "uid": uid_, "gid": gid}
+    tmpfs = [[directory, tmp_bytes, tmp_inodes, TMPFS_MODE] for directory in PRIVATE_TMP_DIRS]
+    if work is not None:
+        tmpfs.append([str(work), tmp_bytes, tmp_inodes, DIR_MODE])
+    return {"tmpfs": tmpfs, "uid": uid_, "gid": gid}
 
 
 def confined_exec_argv(python: str, setup: dict) -> list[str]:
@@ -58,12 +62,17 @@ class CommandSession:
         cwd, env: the server's (and each command's) working directory and environment.
         kill_leftovers: kills what the sandbox's uid or cgroups still run, when the namespace is torn down.
         setup: the server's confinement (:func:`confinement`), for a bwrap started with ``confine``; None: none.
+        keeps_files: the namespace holds the sandbox's files (``setup`` mounts its working directory), so a second
+            server, which would start with none of them, is refused.
     """
 
     def __init__(self, launch_prefix: Callable[[PidNamespace, int], list[str]], python: str, *, cwd: Path,
-                 env: dict[str, str], kill_leftovers: Callable[[], None], setup: dict | None = None) -> None:
+                 env: dict[str, str], kill_leftovers: Callable[[], None], setup: dict | None = None,
+                 keeps_files: bool = False) -> None:
         self._launch_prefix, self._python = launch_prefix, python
         self._setup = json.dumps(setup or {})
+        self._keeps_files = keeps_files
+        self._started = False
         self._cwd, self._env = cwd, env
         self._kill_leftovers = kill_leftovers
         self._process: subprocess.Popen[bytes] | None = None
@@ -123,8 +132,29 @@ class CommandSession:
             return pumped.result(os.waitstatus_to_exitcode(end.status), started)
         if not end.started and not pumped.timed_out:
             return None
-        self.close()  # timed out, output held open, or the server died while the command ran
+        if not (pumped.timed_out and self._end_command(end)):
+            self.close()  # output held open, the server died while the command ran, or it could not end the command
         return pumped.result(-signal.SIGKILL, started)
+
+    def _end_command(self, end: _ServerEnd) -> bool:
+        """Have the server kill a command past its time (and everything it started), keeping the namespace; whether
+        the server reported it ended."""
+        assert self._pid_namespace is not None
+        if not self._pid_namespace.signal_init(signal.SIGUSR1):
+            return False
+        deadline = time.monotonic() + HELPER_TIMEOUT_S
+        while not end.ended():
+            if not select.select([self._control], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                return False
+        return end.status is not None
+
+    def host_root(self) -> Path:
+        """Where the host sees the namespace's root: ``/proc/<server>/root``. The server is started first when none
+        runs. A :class:`SandboxError` when a server was lost since the first one started: with ``keeps_files``, its
+        mounts held files that are gone."""
+        self._running_control()
+        assert self._pid_namespace is not None and self._pid_namespace.init_pid is not None
+        return Path(f"/proc/{self._pid_namespace.init_pid}/root")
 
     def close(self) -> None:
         """Kill the namespace (the server and whatever runs) and wait until nothing of it is left. Idempotent."""
@@ -143,6 +173,10 @@ class CommandSession:
     def _running_control(self) -> socket.socket:
         """The control socket of the running server, started first when there is none."""
         if self._process is None:
+            if self._started and self._keeps_files:
+                raise SandboxError("the sandbox's command server died, and its working directory (a tmpfs of its "
+                                   "namespace) with it; clean this sandbox up and use a new one")
+            self._started = True
             return self._start()
         assert self._control is not None
         return self._control
