@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from trajlab.cli import app
 from trajlab.data.store import read_trajectories
 from trajlab.env.registry import registered_names
+from trajlab.models import load_processor
 
 runner = CliRunner()
 
@@ -32,6 +33,15 @@ def test_model_init_refuses_to_overwrite(tmp_path):
     assert invoke("model", "init", tmp_path / "m").exit_code == 0
     result = invoke("model", "init", tmp_path / "m")
     assert result.exit_code == 1 and "overwrite" in result.stdout
+
+
+def test_model_init_vision_builds_a_model_with_a_processor(tmp_path):
+    result = invoke("model", "init", "--vision", tmp_path / "vl")
+    assert result.exit_code == 0, result.stdout
+    assert "Wrote tiny vision-language model" in result.stdout
+    assert type(load_processor(tmp_path / "vl")).__name__ == "Gemma3Processor"
+    again = invoke("model", "init", "--vision", tmp_path / "vl")
+    assert again.exit_code == 1 and "overwrite" in again.stdout
 
 
 @pytest.mark.parametrize("env", ["arithmetic", "guess"])

@@ -23,7 +23,7 @@ import trajlab
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"],
           "ray": ["ray"], "vllm": ["vllm"], "tensorboard": ["tensorboard"], "wandb": ["wandb"],
-          "trackio": ["trackio"], "mlflow": ["mlflow"], "browser": ["selenium"]}
+          "trackio": ["trackio"], "mlflow": ["mlflow"], "browser": ["selenium"], "vision": ["PIL"]}
 # Extras not in the `test` extra, each with the reason.
 LANE_EXTRAS = {
     "vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh): it pins its own torch",
@@ -96,9 +96,11 @@ def test_the_test_extra_holds_every_feature_extra():
 
 def test_optional_packages_are_in_their_extra_not_in_the_core():
     declared = _declared()
+    distributions = importlib.metadata.packages_distributions()  # PIL is the module of the pillow distribution
     for extra, modules in EXTRAS.items():
         for module in set(modules) - set(UNDECLARED):
-            assert _normalise(module) in declared[extra] - declared["core"], (extra, module)
+            names = {_normalise(d) for d in distributions.get(module, [module])}
+            assert names & (declared[extra] - declared["core"]), (extra, module)
 
 
 def _run_without(code: str, hidden: list[str] = OPTIONAL) -> subprocess.CompletedProcess:
@@ -109,7 +111,7 @@ def _run_without(code: str, hidden: list[str] = OPTIONAL) -> subprocess.Complete
 
 def test_core_modules_import_without_the_extras():
     feature_modules = ("trajlab.proxy", "trajlab.evolution.run", "trajlab.evolution.adapter",
-                       "trajlab.env.builtin.bfcl")
+                       "trajlab.env.builtin.bfcl", "trajlab.env.builtin.odd_one_out")
     modules = [m.name for m in pkgutil.walk_packages(trajlab.__path__, "trajlab.")
                if not m.name.startswith(feature_modules) and not m.name.endswith("__main__")]  # a script, run
     assert "trajlab.cli" in modules and "trajlab.train.rl" in modules and "trajlab.recipes.pipeline" in modules
@@ -153,6 +155,14 @@ def test_rollout_workers_without_ray_say_what_to_install(tmp_path):
     assert result.returncode == 1
     assert "rollout.workers needs the 'ray' package" in _one_line(result, "pip install 'trajlab[ray]'")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_model_init_vision_without_pillow_says_what_to_install(tmp_path):
+    result = _cli_without(["model", "init", "--vision", str(tmp_path / "vl")])
+    assert result.returncode == 1
+    line = _one_line(result, "pip install 'trajlab[vision]'")
+    assert "the tiny vision-language model needs the 'PIL' package" in line
+    assert not (tmp_path / "vl").exists()
 
 
 def test_lora_without_peft_says_what_to_install():

@@ -1,8 +1,10 @@
-"""Models and tokenizers: load any local Hugging Face causal LM, or build the tiny offline default.
+"""Models and tokenizers: load any local Hugging Face causal LM or vision-language model, or build the tiny offline
+default.
 
 No model hub is reachable where trajlab runs, so the default model is made here from nothing: a byte-level BPE
 tokenizer trained in memory on synthetic tool-calling chats, and a randomly initialised Qwen3-architecture model.
-Every other model goes through the same `load_model` / `load_tokenizer` path with a different directory.
+Every other model goes through the same `load_model` / `load_tokenizer` (and, for a vision-language model,
+`load_processor`) path with a different directory. The tiny vision-language model is built in `trajlab.vision`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from functools import cache
 from importlib.resources import files
@@ -21,13 +23,18 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING,
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
     AutoTokenizer,
     GenerationConfig,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
+    ProcessorMixin,
     Qwen3Config,
     Qwen3ForCausalLM,
 )
@@ -175,6 +182,7 @@ def build_offline_tokenizer(
     vocab_size: int = 2048,
     corpus: Iterable[str] | None = None,
     added_tokens: Sequence[str] = (),
+    named_tokens: Mapping[str, str] | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer in memory, with no files downloaded.
 
@@ -191,11 +199,15 @@ def build_offline_tokenizer(
         vocab_size: total size including special and added tokens; a small corpus may stop BPE short of it.
         corpus: training text; defaults to synthetic tool-calling chats rendered through `chat_template`.
         added_tokens: never split but kept by `decode(skip_special_tokens=True)` (tool-call markers).
+        named_tokens: special tokens that multimodal processors read by name, e.g. ``{"image_token": "<img>"}``
+            gives ``tokenizer.image_token`` and ``tokenizer.image_token_id``; each must be in `special_tokens`.
     """
     reserved = [*special_tokens, *added_tokens]
-    missing = [t for t in (eos_token, pad_token, bos_token) if t is not None and t not in special_tokens]
+    named = dict(named_tokens or {})
+    wanted = (eos_token, pad_token, bos_token, *named.values())
+    missing = [t for t in wanted if t is not None and t not in special_tokens]
     if missing:
-        raise ValueError(f"eos/pad/bos tokens {missing} must be listed in special_tokens {special_tokens}")
+        raise ValueError(f"eos/pad/bos and named tokens {missing} must be listed in special_tokens {special_tokens}")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -222,7 +234,8 @@ def build_offline_tokenizer(
         eos_token=eos_token,
         pad_token=pad_token or eos_token,
         bos_token=bos_token,
-        extra_special_tokens=[t for t in special_tokens if t not in (eos_token, pad_token, bos_token)],
+        extra_special_tokens=[t for t in special_tokens if t not in (eos_token, pad_token, bos_token, *named.values())],
+        model_specific_special_tokens=named or None,
         clean_up_tokenization_spaces=False,
     )
 
@@ -243,6 +256,22 @@ def _tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def prepare_model_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
+    """The directory a model builder writes to: empty or new, or an old model directory removed when `overwrite`.
+
+    Refuses to delete a non-empty directory that holds no `config.json`, so a mistyped path never costs data.
+    """
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} already exists and is not empty; replace it with --overwrite "
+                                  "(overwrite=True in Python)")
+        if not (out / "config.json").is_file():
+            raise FileExistsError(f"{out} holds no config.json: refusing to delete a directory that is not a model")
+        shutil.rmtree(out)
+    return out
+
+
 def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
     """Write the tiny offline default model, tokenizer and generation config to `out_dir`.
 
@@ -253,14 +282,7 @@ def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = Fal
     Returns:
         The output directory, loadable with `load_model` / `load_tokenizer` or plain `from_pretrained`.
     """
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} already exists and is not empty; replace it with --overwrite "
-                                  "(overwrite=True in Python)")
-        if not (out / "config.json").is_file():
-            raise FileExistsError(f"{out} holds no config.json: refusing to delete a directory that is not a model")
-        shutil.rmtree(out)
+    out = prepare_model_dir(out_dir, overwrite=overwrite)
     tokenizer = _tiny_tokenizer()
     config = Qwen3Config(
         vocab_size=len(tokenizer),
@@ -319,6 +341,11 @@ def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
         raise OSError(f"cannot load tokenizer: {path} is not a tokenizer directory ({e})") from e
+    return _complete_tokenizer(tokenizer)
+
+
+def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Fill in what trajlab needs and a saved tokenizer may lack: a response template and a pad token."""
     if getattr(tokenizer, "response_template", None) is None:
         if tokenizer.chat_template == TINY_CHAT_TEMPLATE:
             tokenizer.response_template = TINY_RESPONSE_TEMPLATE
@@ -383,19 +410,67 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dt
 
 def saved_dtype(name_or_path: str | Path) -> torch.dtype | None:
     """The dtype a local model directory's weights were saved in (its config.json), None when it does not say."""
-    saved = AutoConfig.from_pretrained(name_or_path, local_files_only=True).dtype
+    return _config_dtype(AutoConfig.from_pretrained(name_or_path, local_files_only=True))
+
+
+def _config_dtype(config: PreTrainedConfig) -> torch.dtype | None:
+    saved = config.dtype
     return getattr(torch, saved) if isinstance(saved, str) else saved
+
+
+def _model_config(path: str, what: str) -> PreTrainedConfig:
+    """A local model directory's config, with the errors a directory that is not a model deserves."""
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(f"cannot load {what}: {path} has no config.json, so it is not a model directory")
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load {what}: {path}/config.json is not a config transformers knows ({e})") from e
+
+
+def is_vision_language(config: PreTrainedConfig) -> bool:
+    """Whether a config is an image-text-to-text model (Gemma 3, Qwen-VL, LLaVA, ...) rather than a text-only LM."""
+    return type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 
 def load_model(
     name_or_path: str | Path, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
 ) -> PreTrainedModel:
-    """Load any local Hugging Face causal LM in eval mode on ``device`` in ``dtype`` (see :func:`resolve_device`,
-    :func:`resolve_dtype`: by default the GPU when there is one, else the CPU in float32)."""
+    """Load any local Hugging Face causal LM or vision-language model in eval mode on ``device`` in ``dtype`` (see
+    :func:`resolve_device`, :func:`resolve_dtype`: by default the GPU when there is one, else the CPU in float32).
+
+    A vision-language config loads through ``AutoModelForImageTextToText``, so the model takes ``pixel_values``
+    (its processor: :func:`load_processor`); every other config through ``AutoModelForCausalLM``.
+    """
     path = _require_local(name_or_path, "model")
-    if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(f"cannot load model: {path} has no config.json, so it is not a model directory")
+    config = _model_config(path, "model")
     where = resolve_device(device)
-    chosen = resolve_dtype(dtype, where, saved_dtype(path) if dtype == "auto" else None)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=chosen)
+    chosen = resolve_dtype(dtype, where, _config_dtype(config))
+    auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    model = auto.from_pretrained(path, local_files_only=True, dtype=chosen)
     return model.to(where).eval()
+
+
+def load_processor(name_or_path: str | Path) -> ProcessorMixin | None:
+    """Load the processor (image processor, tokenizer, chat template) of a local vision-language model directory.
+
+    Returns None for a text-only model, so a caller holding any model directory can branch on whether its policy
+    sees images; the text side is :func:`load_tokenizer`'s either way. The processor's tokenizer gets the same
+    fill-ins as :func:`load_tokenizer` (response template, pad token).
+
+    Raises:
+        FileNotFoundError, NotADirectoryError, ValueError: the path is not a model directory.
+        OSError: a vision-language model directory without processor files.
+        ImportError: the processor needs a package that is not installed (Qwen-VL processors need torchvision).
+    """
+    path = _require_local(name_or_path, "processor")
+    if not is_vision_language(_model_config(path, "processor")):
+        return None
+    try:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+    except ImportError as e:  # transformers' message names the package, over several lines
+        raise ImportError(f"cannot load the processor of {path}: {' '.join(str(e).split())}") from e
+    except (OSError, ValueError) as e:
+        raise OSError(f"cannot load processor: {path} holds no processor transformers can load ({e})") from e
+    _complete_tokenizer(processor.tokenizer)
+    return processor

@@ -63,18 +63,27 @@ def model_init(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer to.")],
     seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing model directory.")] = False,
+    vision: Annotated[bool, typer.Option(help="Build the tiny vision-language model (Gemma 3 architecture, with "
+                                              "its image processor) instead of the text one.")] = False,
 ) -> None:
-    """Build the tiny offline default model (Qwen3 architecture + byte-level BPE tokenizer) in seconds."""
+    """Build the tiny offline default model (Qwen3 architecture + byte-level BPE tokenizer) in seconds; with --vision,
+    the tiny vision-language model (Gemma 3 architecture, its processor and the same tokenizer plus image tokens)."""
     from trajlab.models import init_tiny_model, load_model
 
     started = time.perf_counter()
     try:
-        path = init_tiny_model(out_dir, seed=seed, overwrite=overwrite)
+        if vision:
+            from trajlab.vision import init_tiny_vision_model
+
+            path = init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite)
+        else:
+            path = init_tiny_model(out_dir, seed=seed, overwrite=overwrite)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from exc
     params = sum(p.numel() for p in load_model(path, device="cpu").parameters())
     elapsed = time.perf_counter() - started
-    console.print(f"Wrote tiny model ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
+    kind = "tiny vision-language model" if vision else "tiny model"
+    console.print(f"Wrote {kind} ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
 
 
 @config_app.command("show")

@@ -109,6 +109,7 @@ _REGISTRY: dict[str, str] = {
     "ctf": "trajlab.env.builtin.ctf:SPEC",
     "driving": "trajlab.env.builtin.driving:SPEC",
     "guess": "trajlab.env.builtin.guess:SPEC",
+    "odd_one_out": "trajlab.env.builtin.odd_one_out:SPEC",
     "wordle": "trajlab.env.builtin.wordle:SPEC",
 }
 
