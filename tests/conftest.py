@@ -23,3 +23,11 @@ def tiny_tokenizer(tiny_model_dir: Path):
 @pytest.fixture(scope="session")
 def tiny_template(tiny_tokenizer) -> str:
     return resolve_chat_template(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny offline vision-language model (Gemma 3 architecture), built once."""
+    from trajlab.vision import init_tiny_vision_model
+
+    return init_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vl", seed=0)

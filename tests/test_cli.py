@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from trajlab.cli import app
 from trajlab.data.store import read_trajectories
-from trajlab.env.registry import registered_names
+from trajlab.env.registry import load_env, registered_names
 from trajlab.models import load_processor
 
 runner = CliRunner()
@@ -133,14 +133,22 @@ def test_envs_lists_an_env_that_cannot_load_with_what_it_needs():
 
 
 @pytest.mark.parametrize("env", sorted(registered_names()))
-def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_dir):
+def test_collect_uses_the_envs_own_limits_by_default(env, tmp_path, tiny_model_dir, tiny_vision_dir):
     out = tmp_path / "demos.jsonl"
-    result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tiny_model_dir, "--episodes", 4,
+    tokenizer = tiny_vision_dir if load_env(env).shows_images else tiny_model_dir
+    result = invoke("collect", "--env", env, "--policy", "oracle", "--tokenizer", tokenizer, "--episodes", 4,
                     "--split", "test", "--out", out)
     assert result.exit_code == 0, result.stdout
     trajectories = list(read_trajectories(out))
     assert len(trajectories) == 4 and all(t.status == "success" for t in trajectories), [
         (t.status, t.stop_reason) for t in trajectories]
+
+
+def test_collect_refuses_a_text_model_for_an_env_that_shows_images(tmp_path, tiny_model_dir):
+    result = invoke("collect", "--env", "odd_one_out", "--policy", "oracle", "--tokenizer", tiny_model_dir,
+                    "--episodes", 1, "--out", tmp_path / "t.jsonl")
+    assert result.exit_code != 0 and "return images" in result.stdout and "--vision" in result.stdout
+    assert not (tmp_path / "t.jsonl").exists() or not (tmp_path / "t.jsonl").read_text()
 
 
 def test_dtype_bfloat16_on_the_cpu_loads_bfloat16_and_collect_and_eval_run(tmp_path, tiny_model_dir, monkeypatch):

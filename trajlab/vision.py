@@ -35,6 +35,7 @@ from trajlab.models import (
     TINY_SPECIAL_TOKENS,
     TINY_VOCAB_SIZE,
     build_offline_tokenizer,
+    default_model_dir,
     prepare_model_dir,
 )
 
@@ -149,3 +150,17 @@ def init_tiny_vision_model(out_dir: str | Path, *, seed: int = 0, overwrite: boo
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
+
+
+def default_vision_model_dir() -> Path:
+    """Where the tiny offline vision-language model lives: beside the default text model."""
+    return default_model_dir().with_name("tiny-vision-model")
+
+
+def ensure_default_vision_model() -> Path:
+    """The default vision-language model's directory, built on first use: what the reference policy of an env whose
+    tools return images writes its tokens with when no tokenizer is given."""
+    path = default_vision_model_dir()
+    if not (path / "config.json").exists():
+        init_tiny_vision_model(path, overwrite=True)
+    return path

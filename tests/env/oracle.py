@@ -7,7 +7,7 @@ from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 
 
-def run_oracle(spec, tasks, tokenizer, template, concurrency=8):
+def run_oracle(spec, tasks, tokenizer, template, concurrency=8, processor=None):
     engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tokenizer, template), tokenizer,
-                           chat_template=template, parser=get_parser("auto", tokenizer))
+                           chat_template=template, parser=get_parser("auto", tokenizer), processor=processor)
     return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=concurrency))

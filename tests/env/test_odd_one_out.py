@@ -11,6 +11,7 @@ from trajlab.env import load_env
 from trajlab.env.base import tool_schemas
 from trajlab.env.builtin.odd_one_out import IMAGE_PX, SPEC, OddOneOut, grids, oracle, render
 from trajlab.errors import MissingDependency
+from trajlab.inference.policy import load_policy
 
 ALL = list(grids())
 
@@ -147,9 +148,10 @@ def test_the_reference_policy_solves_every_task_of_a_split(split):
     assert all(env.metrics["looks"] == 1 for env in envs)
 
 
-def test_the_reference_policy_succeeds_through_the_rollout_engine(tiny_tokenizer, tiny_template):
+def test_the_reference_policy_succeeds_through_the_rollout_engine(tiny_vision_dir):
     tasks = list(itertools.islice(SPEC.iter_tasks("test"), 24))
-    results = run_oracle(SPEC, tasks, tiny_tokenizer, tiny_template)
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=SPEC.oracle)
+    results = run_oracle(SPEC, tasks, policy.tokenizer, policy.chat_template, processor=policy.processor)
     assert all(t.status == "success" and t.reward == 1.0 for t in results), [(t.id, t.status) for t in results]
     assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)
     assert [m["tool_calls"][0]["function"]["name"] for m in results[0].messages if m.get("tool_calls")] == [

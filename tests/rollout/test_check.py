@@ -14,9 +14,9 @@ from trajlab.errors import UserError
 
 
 @pytest.mark.parametrize("name", sorted(registered_names()))
-def test_every_builtin_env_passes(name, tiny_model_dir):
-    report = check_env(name, tokenizer=tiny_model_dir)
+def test_every_builtin_env_passes(name, tiny_model_dir, tiny_vision_dir):
     spec = load_env(name)
+    report = check_env(name, tokenizer=tiny_vision_dir if spec.shows_images else tiny_model_dir)
     assert report.env == name and report.tasks == 2 * len(spec.splits)
     assert report.oracle_solved == report.tasks and report.tools == [t["function"]["name"] for t in spec.tools]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from jinja2 import TemplateError
@@ -165,14 +166,21 @@ class ChatTemplate:
         tokenizer: the model's tokenizer.
         tools: tool schemas rendered into the prompt.
         chat_template: a template that passed :func:`resolve_chat_template`.
+        processor: a vision-language model's processor (None: a text model). Messages may then hold image parts
+            (``{"type": "image", "image": <id>}``); the processor turns each one's placeholder into the image's
+            tokens, as many as the image needs.
+        images: the PIL image of each image id in the messages (see :meth:`with_images`).
     """
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], chat_template: str
+        self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], chat_template: str,
+        processor: Any = None, images: Callable[[str], Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools
         self.chat_template = chat_template
+        self.processor = processor
+        self.images = images
         # Read once: it scans the vocabulary (150k entries for real models), and every turn needs it.
         self._end_of_turn = end_of_turn_texts(tokenizer)
 
@@ -182,17 +190,38 @@ class ChatTemplate:
         other.tools = tools
         return other
 
+    def with_images(self, images: Callable[[str], Any]) -> ChatTemplate:
+        """The same template reading one episode's (or trajectory's) images: ``images(id)`` is a PIL image."""
+        other = copy.copy(self)
+        other.images = images
+        return other
+
     def render(self, messages: list[Message], *, add_generation_prompt: bool = False) -> str:
         return render(self.tokenizer, messages, self.tools, add_generation_prompt=add_generation_prompt,
                       chat_template=self.chat_template)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, images: Sequence[Any] = ()) -> list[int]:
+        """Token ids of rendered text; ``images`` are those whose placeholders the text holds, in order."""
         # Special tokens come from the rendered text itself (e.g. a template's own <|begin_of_text|>), so the
         # tokenizer must not add any of its own.
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        if not images:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        encoded = self.processor(text=text, images=list(images), add_special_tokens=False)
+        return list(encoded["input_ids"][0])
+
+    def images_of(self, messages: list[Message]) -> list[Any]:
+        """The PIL images of the image parts of ``messages``, in order."""
+        ids = image_ids(messages)
+        if ids and self.processor is None:
+            raise ValueError(f"the conversation holds {len(ids)} image(s), but the policy is a text model (no image "
+                             "processor): use a vision-language model, e.g. `trajlab model init --vision DIR`")
+        if ids and self.images is None:
+            raise ValueError("messages hold image parts, but this chat template was given no images (with_images)")
+        return [self.images(image_id) for image_id in ids]  # type: ignore[misc]
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        images = self.images_of(messages)  # first: a text template cannot render image parts
+        return self.encode(self.render(messages, add_generation_prompt=True), images)
 
     def observation_ids(
         self, history: list[Message], new_messages: list[Message], *, add_generation_prompt: bool = True
@@ -203,6 +232,7 @@ class ChatTemplate:
         depends on how the assistant's own tokens would be re-tokenized; it starts with whatever the template
         writes after the end-of-turn token inside the assistant turn (e.g. ChatML's newline after ``<|im_end|>``).
         """
+        images = self.images_of(new_messages)  # first: a text template cannot render image parts
         base = self.render(history)
         full = self.render(history + new_messages, add_generation_prompt=add_generation_prompt)
         if not full.startswith(base):
@@ -210,7 +240,7 @@ class ChatTemplate:
                 "The chat template rewrote earlier messages during the episode; refusing to append tokens that "
                 "would not match the rendered conversation."
             )
-        return self.encode(self._closer(history) + full[len(base):])
+        return self.encode(self._closer(history) + full[len(base):], images)
 
     def closing_ids(self, history: list[Message]) -> list[int]:
         """Tokens the template writes after the model's end-of-turn token when the episode ends on that turn."""
@@ -233,6 +263,12 @@ class ChatTemplate:
         ends = [block.rfind(text) + len(text) for text in self._end_of_turn if text in block]
         cut = max(ends) if ends else len(block)
         return block[:cut], block[cut:]
+
+
+def image_ids(messages: list[Message]) -> list[str]:
+    """The ids of the image parts of ``messages`` (``{"type": "image", "image": <id>}``), in order."""
+    return [part["image"] for message in messages if isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict) and part.get("type") == "image"]
 
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",

@@ -3,6 +3,10 @@
 A crash (even ``kill -9``) can only cut the line being written; opening the store again drops that partial tail,
 so earlier lines are never lost and a resumed run skips every episode id already on disk. One writer per file is
 enforced with an advisory lock.
+
+The images a trajectory's model saw live beside the file, in ``<name>.images/`` (``trajectories.jsonl`` ->
+``trajectories.images/``), one PNG per image named by its hash (:mod:`trajlab.rollout.images`); they are written
+and synced before the line that names them.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -22,6 +26,38 @@ from trajlab.rollout.types import Trajectory
 
 class StoreError(ValueError):
     """A trajectory file has a bad line (not a torn tail): says which line and why."""
+
+
+def image_dir(path: str | Path) -> Path:
+    """The folder of a trajectory file's images."""
+    return Path(path).with_suffix(".images")
+
+
+def write_images(folder: Path, image_ids: Iterable[str], png: Callable[[str], bytes]) -> None:
+    """Write the images that ``folder`` lacks (``png(id)`` gives one's bytes), each whole (a temporary file renamed)
+    and synced, so that no line written afterwards names an image that is not there."""
+    folder.mkdir(exist_ok=True)
+    wrote = False
+    for image_id in dict.fromkeys(image_ids):
+        target = folder / image_id
+        if target.exists():
+            continue
+        partial = folder / f".{image_id}.partial"
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(png(image_id))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        wrote = True
+    if wrote:
+        directory = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
@@ -52,7 +88,10 @@ def _check_torn_tail(raw: bytes, path: str | Path, number: int) -> None:
 
 def _parse_line(raw: bytes, path: str | Path, number: int) -> Trajectory:
     try:
-        return Trajectory.model_validate_json(raw)
+        trajectory = Trajectory.model_validate_json(raw)
+        if trajectory.images:
+            trajectory.attach_images(directory=image_dir(path))
+        return trajectory
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()[:3])
         more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
@@ -124,6 +163,8 @@ class TrajectoryStore:
         line = (json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False) + "\n").encode()
         before = os.fstat(self._fd).st_size
         try:
+            if trajectory.images:
+                write_images(image_dir(self.path), trajectory.images, trajectory.image_png)
             written = os.write(self._fd, line)
             if written != len(line):
                 raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({written} of {len(line)} bytes written)")

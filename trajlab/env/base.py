@@ -27,6 +27,8 @@ from typing import Any
 import pydantic
 from transformers.utils import get_json_schema
 
+from trajlab.env.content import Content
+
 HOOKS = ("next_user_message", "close")
 """Methods the engine calls on an env; never tools."""
 
@@ -265,9 +267,10 @@ def tool_schemas(env_cls: type) -> list[dict[str, Any]]:
 
 @dataclass
 class ToolResult:
-    """What one tool call returned: the observation text, and the error kind if the call failed."""
+    """What one tool call returned: the observation (text, or text and image parts: see
+    :mod:`trajlab.env.content`), and the error kind if the call failed."""
 
-    content: str
+    content: Content
     error: str | None = None  # "unknown_tool" | "bad_arguments" | "exception" | "timeout" | "episode_over"
 
 

@@ -44,6 +44,10 @@ class EnvMixture:
         return None  # each env keeps its own
 
     @property
+    def shows_images(self) -> bool:
+        return any(spec.shows_images for spec in self.specs.values())
+
+    @property
     def oracle(self) -> Any:
         """A reference policy routing each task to its env's, or None unless every env has one."""
         if any(spec.oracle is None for spec in self.specs.values()):

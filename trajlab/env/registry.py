@@ -54,6 +54,11 @@ class EnvSpec:
             return schemas
         return [_described(schema, self.tool_descriptions.get(schema["function"]["name"])) for schema in schemas]
 
+    @property
+    def shows_images(self) -> bool:
+        """Whether a tool returns an image (its return annotation is a PIL image): the policy must see them."""
+        return any(schema["function"].get("return", {}).get("type") == "image" for schema in self.tools)
+
     def with_tool_descriptions(self, descriptions: dict[str, str]) -> EnvSpec:
         """This env with some tools described differently; only what the model reads changes, not the tools.
 

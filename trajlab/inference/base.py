@@ -45,6 +45,8 @@ class GenerationRequest:
     seed: int | None = None
     """The turn's random stream (:func:`request_seed`): backends that can seed per request sample the same
     tokens for the same seed, whatever else they serve at the time. None: the backend's own randomness."""
+    images: list[Any] = field(default_factory=list)
+    """The PIL images whose placeholder tokens ``prompt_ids`` holds, in order (a vision-language model's input)."""
 
 
 @dataclass

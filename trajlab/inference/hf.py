@@ -37,6 +37,7 @@ from trajlab.inference.hf_states import (
     supports_prefix_reuse,
     weights_version,
 )
+from trajlab.inference.pixels import image_inputs
 from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
 from trajlab.inference.sampling import SeededDraws, generation_config, sampling_logprobs, sampling_processors
 
@@ -77,6 +78,8 @@ class HFGenerator:
             whenever a parameter changes in place (an optimizer step), so a generator can serve RL across updates.
             Off for models whose cache cannot be cut per row (sliding-window or recurrent layers).
         prefix_cache_bytes: memory for kept states; the least recently used are dropped first.
+        processor: a vision-language model's processor: requests with images get its image inputs (and read their
+            whole prompt: no kept states).
     """
 
     def __init__(
@@ -90,8 +93,10 @@ class HFGenerator:
         reuse_prefixes: bool = True,
         prefix_cache_bytes: int = 1 << 30,
         name: str = "hf",
+        processor: Any = None,
     ) -> None:
         self.model = model
+        self.processor = processor
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -174,7 +179,8 @@ class HFGenerator:
         params = requests[0].params
         max_new_tokens = max(r.params.max_new_tokens for r in requests)
         prompts = [r.prompt_ids for r in requests]
-        prefixes = self._reusable_prefixes(prompts)
+        images = [image for request in requests for image in request.images]
+        prefixes = [None] * len(prompts) if images else self._reusable_prefixes(prompts)
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
         recorder = ChosenLogprobs()
@@ -191,6 +197,7 @@ class HFGenerator:
                                                 return_dict_in_generate=True),
             logits_processor=LogitsProcessorList(processors),
             stopping_criteria=StoppingCriteriaList([_StopAbandoned(abandoned)]),
+            **image_inputs(self.model, self.processor, images, input_ids),
         )
         new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
         logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)
@@ -198,7 +205,7 @@ class HFGenerator:
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
         results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
                    for row, request in enumerate(requests)]
-        if self.reuse_prefixes:  # each row's prompt and generated tokens but the last, which the model has not read
+        if self.reuse_prefixes and not images:  # each row's prompt and generated tokens but the last (unread)
             for row, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
                 kept = result.token_ids[:-1]
                 layers = row_states(output.past_key_values, row, layout.columns(row, len(prompt), len(kept)))

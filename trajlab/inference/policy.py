@@ -23,11 +23,13 @@ transformers model, or any :class:`~trajlab.inference.base.Generator`."""
 
 @dataclass(frozen=True)
 class Policy:
-    """A generator and the tokenizer and chat template its trajectories are written in."""
+    """A generator and the tokenizer and chat template its trajectories are written in (and, for a vision-language
+    model, the processor that turns images into its tokens)."""
 
     generator: Generator
     tokenizer: PreTrainedTokenizerBase
     chat_template: str
+    processor: Any = None
 
 
 def load_policy(
@@ -38,6 +40,7 @@ def load_policy(
     device: str = "auto",
     dtype: str = "auto",
     backend: str = "hf",
+    vision: bool = False,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -50,6 +53,7 @@ def load_policy(
             other policies are already placed.
         backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
             engine); the oracle, a server, a loaded model and a Generator bring their own.
+        vision: the env shows images: the oracle's default tokenizer is then the tiny vision-language model's.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -61,14 +65,16 @@ def load_policy(
     if isinstance(policy, str | Path):
         spec = str(policy)
         if spec == "oracle":
-            return _oracle_policy(oracle, tokenizer)
+            return _oracle_policy(oracle, tokenizer, vision)
         if is_server_url(spec):
             return _server_policy(spec, tokenizer)
         if not Path(spec).is_dir():
             raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
         loaded = _tokenizer(tokenizer or spec)
-        return Policy(_model_generator(spec, loaded, backend, device, dtype), loaded, resolve_chat_template(loaded))
+        processor = _processor(spec)
+        return Policy(_model_generator(spec, loaded, backend, device, dtype, processor), loaded,
+                      resolve_chat_template(loaded), processor)
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")
@@ -80,8 +86,15 @@ def load_policy(
     return Policy(generator, loaded, resolve_chat_template(loaded))
 
 
+def _processor(path: str) -> Any:
+    """A model directory's image processor, or None for a text model."""
+    from trajlab.models import load_processor
+
+    return load_processor(path)
+
+
 def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str, device: str,
-                     dtype: str) -> Generator:
+                     dtype: str, processor: Any = None) -> Generator:
     """The generator of a model directory on the chosen backend (vLLM places the model on its own platform; a dtype
     other than auto is passed on)."""
     if backend == "vllm":
@@ -93,7 +106,7 @@ def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str
     from trajlab.inference.hf import HFGenerator
     from trajlab.models import load_model
 
-    return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, name=path)
+    return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, name=path, processor=processor)
 
 
 def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
@@ -102,15 +115,18 @@ def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTok
     return tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else load_tokenizer(tokenizer)
 
 
-def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
+def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool) -> Policy:
     from trajlab.inference.scripted import ScriptedGenerator
     from trajlab.models import ensure_default_model
+    from trajlab.vision import ensure_default_vision_model
 
     if oracle is None:
         raise UserError("this env has no reference policy ('oracle'): pass a model directory or a server URL.")
-    loaded = _tokenizer(tokenizer or ensure_default_model())
+    source = tokenizer or (ensure_default_vision_model() if vision else ensure_default_model())
+    loaded = _tokenizer(source)
     template = resolve_chat_template(loaded)
-    return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle"), loaded, template)
+    processor = _processor(str(source)) if isinstance(source, str | Path) else None
+    return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle"), loaded, template, processor)
 
 
 def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
@@ -123,4 +139,5 @@ def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | N
     base_url, model = split_policy_url(url)
     model = served_model(base_url, model)
     loaded = _tokenizer(tokenizer)
-    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, resolve_chat_template(loaded))
+    processor = _processor(str(tokenizer)) if isinstance(tokenizer, str | Path) else None
+    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, resolve_chat_template(loaded), processor)

@@ -120,7 +120,7 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
 def build_policy(config: CollectConfig) -> Policy:
     """The generator, tokenizer and chat template of ``config.policy``."""
     return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle, device=config.device,
-                       dtype=config.dtype, backend=config.backend)
+                       dtype=config.dtype, backend=config.backend, vision=config.env.shows_images)
 
 
 def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine | RayRolloutRunner:
@@ -129,9 +129,14 @@ def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine | RayRo
     if config.workers:
         return _workers(config)
     policy = build_policy(config)
+    if config.env.shows_images and policy.processor is None:
+        raise UserError(f"{config.env.name}'s tools return images, and the policy's model is a text model (no image "
+                        "processor): use a vision-language model directory (e.g. `trajlab model init --vision DIR`) "
+                        "as --policy, or as --tokenizer for the oracle.")
     return make_engine(config.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                        parser=get_parser(config.parser, policy.tokenizer), sampling=config.sampling,
-                       limits=config.limits, system_prompt=config.system_prompt, seed=config.seed)
+                       limits=config.limits, system_prompt=config.system_prompt, seed=config.seed,
+                       processor=policy.processor)
 
 
 def _workers(config: CollectConfig) -> RayRolloutRunner:

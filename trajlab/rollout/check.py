@@ -20,11 +20,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
-from trajlab.chat.template import resolve_chat_template
 from trajlab.env.base import HOOKS, EnvHandle, Environment, tool_names, tool_schema, tool_schemas
 from trajlab.env.registry import EnvSpec, load_env
 from trajlab.errors import UserError
-from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.types import task_id
 
@@ -65,7 +63,8 @@ def check_env(
             splits.
         tasks_per_split: how many tasks of each split to check when ``tasks`` is not given.
         tokenizer: whose tokens the reference policy's episodes are written in (a directory or a tokenizer);
-            default: the tiny offline model's (built on first use, see ``trajlab.models.ensure_default_model``).
+            default: the tiny offline model's (built on first use, see ``trajlab.models.ensure_default_model``), or
+            for an env whose tools return images the tiny vision-language model's (``trajlab.vision``).
 
     Returns:
         A small report of what was checked.
@@ -236,15 +235,12 @@ def _oracle_problems(
     spec: EnvSpec, tasks: list[dict[str, Any]], tokenizer: str | Path | PreTrainedTokenizerBase | None
 ) -> list[str]:
     """Run the reference policy on ``tasks`` through the real engine; one sentence per task it did not solve."""
-    if not isinstance(tokenizer, PreTrainedTokenizerBase):
-        from trajlab.models import ensure_default_model, load_tokenizer  # torch: imported only when needed
+    from trajlab.inference.policy import load_policy  # torch: imported only when needed
 
-        tokenizer = load_tokenizer(tokenizer or ensure_default_model())
-    template = resolve_chat_template(tokenizer)
-    generator = ScriptedGenerator(spec.oracle, tokenizer, template, name="oracle")
+    policy = load_policy("oracle", tokenizer=tokenizer, oracle=spec.oracle, vision=spec.shows_images)
     episodes = [Episode(f"check:{index}", task) for index, task in enumerate(tasks)]
-    with RolloutEngine(spec, generator, tokenizer, chat_template=template,
-                       parser=get_parser("auto", tokenizer)) as engine:
+    with RolloutEngine(spec, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor) as engine:
         trajectories = asyncio.run(engine.run(episodes, concurrency=8))
     problems = []
     for trajectory in sorted(trajectories, key=lambda t: int(t.id.split(":")[1])):

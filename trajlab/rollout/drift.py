@@ -62,20 +62,22 @@ def check_token_drift(
     parser: ToolCallParser,
     *,
     max_drift: float = 0.0,
+    processor: Any = None,
 ) -> tuple[list[Trajectory], list[Drift]]:
     """The trajectories whose tokens match their messages (drifted ones are never to be trained on), and the drifts.
+    ``processor``: a vision-language model's, for trajectories whose messages hold images.
 
     Raises:
         TokenDriftError: the share of drifted trajectories is above ``max_drift`` (0: any drift).
     """
     trajectories = list(trajectories)
-    base = ChatTemplate(tokenizer, [], chat_template)
+    base = ChatTemplate(tokenizer, [], chat_template, processor)
     chats: dict[str, ChatTemplate] = {}
     kept, drifts = [], []
     for trajectory in trajectories:
         key = json.dumps(trajectory.tools, sort_keys=True)
         chat = chats.get(key) or chats.setdefault(key, base.with_tools(trajectory.tools))
-        drift = find_drift(trajectory, chat, parser)
+        drift = find_drift(trajectory, chat.with_images(trajectory.image) if trajectory.images else chat, parser)
         if drift is None:
             kept.append(trajectory)
         else:

@@ -31,11 +31,13 @@ from transformers import PreTrainedTokenizerBase
 from trajlab.chat.parsers import ParsedResponse, ToolCallParser
 from trajlab.chat.template import ChatTemplate, stop_token_ids
 from trajlab.env.base import EnvHandle
+from trajlab.env.content import Content, has_images, tool_content
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import InfrastructureError
 from trajlab.inference.base import GenerationRequest, Generator, SamplingParams, request_seed
+from trajlab.rollout.images import decode_png, encode_png
 from trajlab.rollout.tools import ToolThreads, execute_tool
 from trajlab.rollout.types import Status, TokenRecord, Trajectory
 
@@ -133,6 +135,8 @@ class RolloutEngine(EpisodeRunner):
         system_prompt: overrides the env's default system prompt; "" means none.
         seed: with the episode id and the turn, seeds each turn's sampling (``GenerationRequest.seed``): the same
             episode samples the same tokens in every run, whatever else runs beside it, and so does a retry.
+        processor: a vision-language policy's processor, which turns images (from tools, ``reset`` or the user) into
+            tokens; None for a text model, which then cannot take an episode that shows it an image.
     """
 
     def __init__(
@@ -147,9 +151,11 @@ class RolloutEngine(EpisodeRunner):
         limits: Mapping[str, int | float | None] | None = None,
         system_prompt: str | None = None,
         seed: int = 0,
+        processor: Any = None,
     ) -> None:
         self.env = env
         self.seed = seed
+        self.processor = processor
         self.generator = generator
         self.tokenizer = tokenizer
         self.parser = parser
@@ -162,7 +168,7 @@ class RolloutEngine(EpisodeRunner):
         self.system_prompt = env.system_prompt if system_prompt is None else system_prompt
         self.tools = env.tools
         self.chat_template = chat_template
-        self.chat = ChatTemplate(tokenizer, self.tools, chat_template)
+        self.chat = ChatTemplate(tokenizer, self.tools, chat_template, processor)
         self._threads = ToolThreads(f"trajlab-{env.name}")
         self._owns_threads = True
         self._described: dict[str, RolloutEngine] = {}
@@ -172,7 +178,7 @@ class RolloutEngine(EpisodeRunner):
         sampling, limit overrides and system prompt. It shares this engine's threads: closing this one closes both."""
         engine = RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
                                parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
-                               system_prompt=self.system_prompt, seed=self.seed)
+                               system_prompt=self.system_prompt, seed=self.seed, processor=self.processor)
         engine._threads, engine._owns_threads = self._threads, False
         return engine
 
@@ -225,10 +231,11 @@ class RolloutEngine(EpisodeRunner):
         if first_user is None:
             raise ValueError("reset() returned no observation and the task has no 'prompt' field")
         state.tools = self._episode_tools(env)
-        state.chat = self.chat if state.tools is self.tools else self.chat.with_tools(state.tools)
+        state.chat = (self.chat if state.tools is self.tools else self.chat.with_tools(state.tools)).with_images(
+            state.image)
         if self.system_prompt:
             state.messages.append({"role": "system", "content": self.system_prompt})
-        state.messages.append({"role": "user", "content": str(first_user)})
+        state.messages.append({"role": "user", "content": _observation(state, first_user)})
         state.tokens = TokenRecord(prompt_ids=state.chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
                                    logprobs=[])
 
@@ -244,7 +251,8 @@ class RolloutEngine(EpisodeRunner):
         # --- generate: the model's tokens go into the record exactly as returned ---
         request = GenerationRequest(prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages],
                                     tools=state.tools, task=state.episode.task,
-                                    seed=request_seed(self.seed, state.episode.id, turn))
+                                    seed=request_seed(self.seed, state.episode.id, turn),
+                                    images=[state.image(image_id) for image_id in state.image_order])
         try:
             result = await self.generator.generate(request)
         except Exception as exc:
@@ -279,7 +287,7 @@ class RolloutEngine(EpisodeRunner):
             answer = None if acting else parsed.content
             follow_up = await self._threads.call(functools.partial(env.next_user_message, answer))
             if follow_up is not None:
-                new_messages.append({"role": "user", "content": str(follow_up)})
+                new_messages.append({"role": "user", "content": _observation(state, follow_up)})
         turn_rewards = env.turn_rewards
         state.turn_rewards.append(sum(turn_rewards[calls_rewarded:]) if turn_rewards is not None
                                   else env.reward - reward_before)
@@ -305,7 +313,7 @@ class RolloutEngine(EpisodeRunner):
             else:
                 outcome = await execute_tool(env, call.name, call.arguments, self._callable_schemas(state),
                                              timeout_s=self.limits.tool_timeout_s, threads=self._threads)
-                content, error = outcome.content, outcome.error
+                content, error = state.admit(outcome.content), outcome.error
             if error is not None:
                 state.counters["tool_errors"] += 1
                 state.counters[f"tool_errors/{error}"] += 1
@@ -367,7 +375,7 @@ class RolloutEngine(EpisodeRunner):
         metrics = {name: float(value) for name, value in state.counters.items()}
         if env is not None:
             metrics |= {f"env/{name}": value for name, value in env.metrics.items()}
-        return Trajectory(
+        trajectory = Trajectory(
             id=state.episode.id,
             env=self.env.name,
             task=state.episode.task,
@@ -383,7 +391,10 @@ class RolloutEngine(EpisodeRunner):
             policy=self.generator.name,
             split=state.episode.split,
             group=state.episode.group,
+            images=state.image_order,
         )
+        trajectory.attach_images(state.image_data)
+        return trajectory
 
 
 class MixtureEngine(EpisodeRunner):
@@ -438,6 +449,30 @@ class _EpisodeState:
     counters: defaultdict[str, float] = field(
         default_factory=lambda: defaultdict(float, dict.fromkeys(EPISODE_COUNTERS, 0.0))
     )
+    image_order: list[str] = field(default_factory=list)  # the ids of the images seen, in the tokens' order
+    image_data: dict[str, bytes] = field(default_factory=dict)  # their PNG bytes
+    _decoded: dict[str, Any] = field(default_factory=dict)
+
+    def admit(self, content: Content) -> Content:
+        """Content to record: each image part's PIL image kept as PNG bytes and named by its id, so the sampler
+        and every later forward pass decode the same bytes."""
+        if not has_images(content):
+            return content
+        admitted = []
+        for part in content:
+            if part["type"] == "image":
+                image_id, data = encode_png(part["image"])
+                self.image_data[image_id] = data
+                self.image_order.append(image_id)
+                part = {"type": "image", "image": image_id}
+            admitted.append(part)
+        return admitted
+
+    def image(self, image_id: str) -> Any:
+        """An image seen this episode, decoded from its PNG bytes once."""
+        if image_id not in self._decoded:
+            self._decoded[image_id] = decode_png(self.image_data[image_id])
+        return self._decoded[image_id]
 
     def fail(self, exc: Exception) -> None:
         self.status, self.stop_reason = "error", "exception"
@@ -445,6 +480,11 @@ class _EpisodeState:
 
     def add_error(self, message: str) -> None:
         self.error = message if self.error is None else f"{self.error}; {message}"
+
+
+def _observation(state: _EpisodeState, value: Any) -> Content:
+    """What reset() or next_user_message() returned, as a user message's content: text, or text and images."""
+    return state.admit(tool_content(value))
 
 
 def _call_id(turn: int, index: int) -> str:

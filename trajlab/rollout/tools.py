@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import pydantic
 
 from trajlab.env.base import EnvHandle, ToolResult, describe_validation_error
+from trajlab.env.content import tool_content
 from trajlab.errors import InfrastructureError
 
 T = TypeVar("T")
@@ -173,4 +174,4 @@ async def execute_tool(
         raise
     except Exception as exc:  # a tool's own bug is an observation for the model, not a crash of the rollout
         return ToolResult(f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}", "exception")
-    return ToolResult(value if isinstance(value, str) else str(value))
+    return ToolResult(tool_content(value))

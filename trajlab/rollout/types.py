@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from trajlab.rollout.images import decode_png, is_image_id
 
 Status = Literal["success", "failure", "truncated", "error"]
 
@@ -108,3 +111,33 @@ class Trajectory(BaseModel):
     group: str | None = None
     """Rollouts with the same group are compared with each other for advantages (RL: one task's samples in a
     step); None outside RL."""
+    images: list[str] = Field(default_factory=list, exclude_if=lambda value: not value)
+    """The images the model saw, in the order of their placeholders in the tokens, by id (``<sha256>.png``, see
+    :mod:`trajlab.rollout.images`); image parts of ``messages`` name them the same way. Left out of the JSON when
+    there are none. The bytes travel with the trajectory in memory and live beside its file on disk."""
+    _image_data: dict[str, bytes] = PrivateAttr(default_factory=dict)
+    _image_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_images(self) -> Trajectory:
+        if bad := [image for image in self.images if not is_image_id(image)]:
+            raise ValueError(f"images must be ids like '<sha256>.png', got {bad[:3]}")
+        return self
+
+    def attach_images(self, data: dict[str, bytes] | None = None, directory: str | Path | None = None) -> None:
+        """Give the trajectory its images' bytes (``data``, by id) or the folder that holds them."""
+        self._image_data.update(data or {})
+        if directory is not None:
+            self._image_dir = Path(directory)
+
+    def image_png(self, image_id: str) -> bytes:
+        """The PNG bytes of one of the trajectory's images."""
+        if image_id in self._image_data:
+            return self._image_data[image_id]
+        if self._image_dir is None or not is_image_id(image_id):
+            raise FileNotFoundError(f"trajectory {self.id}: image {image_id} is not in memory, its folder unknown")
+        return (self._image_dir / image_id).read_bytes()
+
+    def image(self, image_id: str) -> Any:
+        """One of the trajectory's images as an RGB PIL image, decoded from the bytes the sampler decoded."""
+        return decode_png(self.image_png(image_id))

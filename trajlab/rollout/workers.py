@@ -67,13 +67,14 @@ class RolloutWorker:
         from trajlab.inference.policy import load_policy
 
         policy = load_policy(spec.policy, tokenizer=spec.tokenizer, oracle=spec.env.oracle, device=spec.device,
-                             dtype=spec.dtype, backend=spec.backend)
+                             dtype=spec.dtype, backend=spec.backend, vision=spec.env.shows_images)
         self.generator = policy.generator
         if hasattr(self.generator, "max_batch_size"):
             self.generator.max_batch_size = spec.max_batch_size
         self.engine = make_engine(spec.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                                   parser=get_parser(spec.parser, policy.tokenizer), sampling=spec.sampling,
-                                  limits=spec.limits, system_prompt=spec.system_prompt, seed=spec.seed)
+                                  limits=spec.limits, system_prompt=spec.system_prompt, seed=spec.seed,
+                                  processor=policy.processor)
 
         self._base = self.engine
 
