@@ -44,6 +44,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator, SamplingParams, TakesWeights
 from trajlab.inference.hf import HFGenerator
+from trajlab.inference.pixels import image_inputs
 from trajlab.models import load_model
 from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
@@ -86,6 +87,7 @@ def run_rl(
     dtype: str = "auto",
     backend: str = "hf",
     report_to: Sequence[str] = (),
+    processor: Any = None,
 ) -> Path:
     """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
     ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
@@ -96,6 +98,8 @@ def run_rl(
     With ``rollout.workers``, Ray actors roll out instead, each starting its ``backend`` policy from ``model_dir``
     and taking the trainer's weights after every optimizer step. Each step's metrics (``METRIC_NAMES``) go to
     ``out_dir/metrics.jsonl``, ``on_step`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`).
+    ``processor``: a vision-language model's (``trajlab.models.load_processor``): episodes may then show it images,
+    which the sampler and every forward pass of the update get the same way (:mod:`trajlab.inference.pixels`).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +136,8 @@ def run_rl(
     # (the behaviour policy), which takes the trained weights between two steps' rollouts.
     behaviour = copy.deepcopy(model).eval() if settings.max_staleness and sampler is None else None
     generator = sampler if sampler is not None else HFGenerator(behaviour or model, tokenizer,
-                                                                  max_batch_size=rollout.concurrency)
+                                                                  max_batch_size=rollout.concurrency,
+                                                                  processor=processor)
     env, system_prompt = rollout.prompted(env)
     parser = get_parser(rollout.parser, tokenizer)
     engine = make_engine(
@@ -147,6 +152,7 @@ def run_rl(
         limits=rollout.limit_overrides(),
         system_prompt=system_prompt,
         seed=seed,
+        processor=processor,
     )
     # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
     engines = engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]
@@ -205,7 +211,7 @@ def run_rl(
             # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
             started = time.perf_counter()
             clean, drifts = check_token_drift(trajectories, tokenizer, chat_template, parser,
-                                              max_drift=settings.max_drift)
+                                              max_drift=settings.max_drift, processor=processor)
             drift_check_s = time.perf_counter() - started
             clean_ids = {id(t) for t in clean}
             # an episode the machinery broke (status error) is no sample of the policy: never trained on; one
@@ -222,7 +228,7 @@ def run_rl(
                 update, trainer_logprobs = _update(
                     policy, reference, optimizer, scheduler, accelerator, [trajectories[i] for i in kept],
                     [token_advantages[i] for i in kept], settings, token_budget, tokenizer.pad_token_id or 0,
-                    correct=correct, shuffle_seed=seed * 1_000_003 + step)
+                    correct=correct, shuffle_seed=seed * 1_000_003 + step, processor=processor)
             ended = time.perf_counter()
             model.eval()
             overlap_s = feed.timeline.overlap(started, ended, now=ended)
@@ -260,6 +266,8 @@ def run_rl(
         trained = model.merge_and_unload() if settings.lora else model
         trained.save_pretrained(final)
         tokenizer.save_pretrained(final)
+        if processor is not None:
+            processor.save_pretrained(final)
     accelerator.wait_for_everyone()
     return final
 
@@ -445,6 +453,7 @@ def _update(
     *,
     correct: bool = False,
     shuffle_seed: int = 0,
+    processor: Any = None,
 ) -> tuple[dict[str, float], dict[int, list[float]]]:
     """One step's optimizer steps over its rollouts; returns the step's loss statistics with the sampler-trainer
     mismatch (``mismatch/...``), and the trainer's logprobs of each rollout's completion tokens (by index) as they
@@ -468,7 +477,7 @@ def _update(
     mismatch = _MismatchSums()
     if correct:
         trainer_logprobs = _trainer_logprobs(policy, trajectories, sorted(usable, key=lengths.__getitem__), settings,
-                                             pad_id, accelerator.device, mismatch)
+                                             pad_id, accelerator.device, mismatch, processor)
     # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the gradient
     # without a KL term: skip its forward and backward. Normalisers still count it, so the step is the same.
     silent = set()
@@ -494,7 +503,7 @@ def _update(
                 chosen, weight = (micro[index], 1.0) if index < len(micro) else (micro[0], 0.0)
                 batch = _pack([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen], pad_id,
                               accelerator.device, [trainer_logprobs[i] for i in chosen] if correct else None)
-                stats = _policy_loss(policy, reference, batch, settings, normaliser)
+                stats = _policy_loss(policy, reference, batch, settings, normaliser, processor)
                 accelerator.backward(stats.pop("loss_tensor") * (weight * processes))
                 if not weight:  # a pass that only keeps the processes in step
                     continue
@@ -570,6 +579,7 @@ def _trainer_logprobs(
     pad_id: int,
     device: torch.device,
     mismatch: _MismatchSums,
+    processor: Any = None,
 ) -> dict[int, list[float]]:
     """The trained model's logprob of every completion token of each rollout, before any optimizer step: the "old"
     policy of the clipped ratio when another engine sampled. Eval mode, as sampling ran; micro-batches of
@@ -584,7 +594,7 @@ def _trainer_logprobs(
             rows = [trajectories[i] for i in chosen]
             batch = _pack(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows], pad_id, device)
             logprobs, _ = _token_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                                          batch["completion_start"], settings.temperature)
+                                          batch["completion_start"], settings.temperature, batch["images"], processor)
             mismatch.add(logprobs, batch, settings.importance_cap)
             out |= _by_rollout(logprobs, batch, chosen, trajectories)
     finally:
@@ -650,6 +660,7 @@ def _pack(
         "old_logprobs": column(2, 0.0, torch.float32),
         "advantages": column(3, 0.0, torch.float32),
         "completion_start": min(len(t.tokens.prompt_ids) for t in trajectories),
+        "images": [t.image(image_id) for t in trajectories for image_id in t.images],  # rows' placeholders' order
     }
     if trainer_logprobs is not None:
         batch["trainer_logprobs"] = column(4, 0.0, torch.float32)
@@ -657,7 +668,8 @@ def _pack(
 
 
 def _token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float
+    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float,
+    images: Sequence[Any] = (), processor: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities (B, T - start) of the tokens from ``start`` on at the sampling temperature, and the entropy
     of each position's distribution.
@@ -666,13 +678,17 @@ def _token_logprobs(
     (``logprobs.chosen_logprobs``): logits over the full vocabulary never exist for the whole batch. Only positions
     from ``start`` on are read: the prompt needs none. The head all rows share (system prompt, tool schemas: often
     half of every sequence) is run once and its key/value states broadcast to every row; gradients flow back through
-    the broadcast, so the result equals running each row in full.
+    the broadcast, so the result equals running each row in full. ``images`` (those whose placeholders the rows
+    hold, in order) reach the model as they reached the sampler; rows with images are run in full.
     """
     checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
-    head = 0 if checkpointing else _shared_head(input_ids, start)  # checkpointed layers keep no key/value states
+    # checkpointed layers keep no key/value states; image inputs go with the whole sequence
+    head = 0 if checkpointing or images else _shared_head(input_ids, start)
     last = {"logits_to_keep": 1, "output_hidden_states": True}  # one position of logits: the head is applied below
     if not head:
-        hidden = model(input_ids=input_ids, attention_mask=attention, use_cache=False, **last).hidden_states[-1]
+        pixels = image_inputs(_unwrap(model), processor, images, input_ids)
+        hidden = model(input_ids=input_ids, attention_mask=attention, use_cache=False, **last, **pixels
+                       ).hidden_states[-1]
     else:
         rows, width = input_ids.shape
         states = model(input_ids=input_ids[:1, :head], use_cache=True, logits_to_keep=1).past_key_values
@@ -694,7 +710,7 @@ def _output_head(model: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tenso
     """The model's hidden-states-to-logits layer, with the logit soft-capping some families (Gemma 2) apply."""
     inner = _unwrap(model)
     linear = inner.get_output_embeddings()
-    cap = getattr(inner.config, "final_logit_softcapping", None)
+    cap = getattr(inner.config.get_text_config(), "final_logit_softcapping", None)
     if not cap:
         return linear
     return lambda hidden: torch.tanh(linear(hidden) / cap) * cap
@@ -717,15 +733,18 @@ def _policy_loss(
     batch: dict[str, Any],
     settings: RLSettings,
     normaliser: float,
+    processor: Any = None,
 ) -> dict[str, Any]:
     input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
+    images = batch["images"]
     mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
     sampler = batch["old_logprobs"][:, start:]
     advantages = batch["advantages"][:, start:]
     corrected = "trainer_logprobs" in batch
     old = batch["trainer_logprobs"][:, start:] if corrected else sampler
 
-    logprobs, entropy = _token_logprobs(policy, input_ids, attention, start, settings.temperature)  # (B, L) each
+    logprobs, entropy = _token_logprobs(policy, input_ids, attention, start, settings.temperature, images,
+                                        processor)  # (B, L) each
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
@@ -737,7 +756,8 @@ def _policy_loss(
     if settings.kl_coef > 0:
         with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
             ref_model = policy if reference is None else reference
-            ref_logprobs, _ = _token_logprobs(ref_model, input_ids, attention, start, settings.temperature)
+            ref_logprobs, _ = _token_logprobs(ref_model, input_ids, attention, start, settings.temperature, images,
+                                              processor)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
         per_token = per_token + settings.kl_coef * kl
