@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from trajlab import api
 from trajlab.cli import app
-from trajlab.report import gather, read_embedded
+from trajlab.report import browser, gather, read_embedded, write_report
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +46,29 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
     assert result.exit_code == 1 and "nothing to report" in result.stdout
+
+
+@pytest.fixture(scope="module")
+def image_trajectories(tiny_vision_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report-images") / "looks.jsonl"
+    api.collect("odd_one_out", "oracle", out=out, episodes=2, tokenizer=str(tiny_vision_dir))
+    return out
+
+
+def test_images_are_carried_once_as_data_uris_and_named_by_their_messages(image_trajectories):
+    data = gather([image_trajectories])
+    ids = [image for row in data["trajectories"] for m in row["messages"] for image in m.get("images", [])]
+    assert len(ids) == 2 and set(data["images"]) == set(ids)
+    assert all(uri.startswith("data:image/png;base64,") for uri in data["images"].values())
+
+
+@pytest.mark.skipif(browser.missing() is not None, reason=f"no headless browser: {browser.missing()}")
+def test_a_tools_image_shows_in_the_trajectory_view(image_trajectories, tmp_path):
+    page = write_report([image_trajectories], tmp_path / "report.html")
+    with browser.chromium() as driver:
+        browser.open_report(driver, page)
+        driver.find_elements("css selector", "#list tbody tr")[0].click()
+        shots = driver.find_elements("css selector", "#detail img.shot")
+        assert len(shots) == 1
+        assert driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth", shots[0]) == 64
+        assert browser.console_errors(driver) == []

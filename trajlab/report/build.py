@@ -9,6 +9,7 @@ small: a trajectory carries ids, the page the vocabulary it uses.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from trajlab.chat.template import image_ids
 from trajlab.data.store import read_trajectories
 from trajlab.evaluation import EvalReport, load_report
 from trajlab.evaluation.metrics import metric_names, metric_value
@@ -38,7 +40,7 @@ def gather(sources: Iterable[str | Path], *, max_trajectories: int = 10_000) -> 
         ValueError: nothing to report (no trajectories, evaluations or metrics).
     """
     data: dict[str, Any] = {"title": "", "config": "", "stages": [], "evals": [], "changed": [], "curves": {},
-                            "trajectories": [], "vocab": {}, "omitted": 0}
+                            "trajectories": [], "vocab": {}, "images": {}, "omitted": 0}
     files: list[tuple[str, Path]] = []
     tokenizer_dirs: list[Path] = []
     for source in map(Path, sources):
@@ -65,6 +67,9 @@ def gather(sources: Iterable[str | Path], *, max_trajectories: int = 10_000) -> 
     for name, trajectory in trajectories:
         row = _trajectory_row(name, trajectory)
         data["trajectories"].append(row)
+        for image_id in trajectory.images:  # each image once, as a data URI: the page fetches nothing
+            if image_id not in data["images"]:
+                data["images"][image_id] = _data_uri(trajectory, image_id)
         if row["tokens"] is not None:
             used.update(row["tokens"]["prompt"])
             used.update(row["tokens"]["ids"])
@@ -168,8 +173,15 @@ def _rounded(logprobs: list[float | None]) -> list[float | None]:
 
 def _message(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
-    text = content if isinstance(content, str) else json.dumps(content) if content is not None else ""
+    images = image_ids([message])
+    if images:  # the text parts as text; the images shown apart, by id
+        text = "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and part.get("type") == "text")
+    else:
+        text = content if isinstance(content, str) else json.dumps(content) if content is not None else ""
     row = {"role": message.get("role", ""), "text": text[:MAX_TEXT] + (" [...]" if len(text) > MAX_TEXT else "")}
+    if images:
+        row["images"] = images
     calls = message.get("tool_calls") or []
     if calls:
         row["calls"] = [{"name": c.get("function", {}).get("name", ""),
@@ -177,6 +189,15 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
     if message.get("name"):
         row["name"] = message["name"]
     return row
+
+
+def _data_uri(trajectory: Trajectory, image_id: str) -> str:
+    """An image of the trajectory as a ``data:`` URI (empty when its file is gone: the page says so)."""
+    try:
+        return "data:image/png;base64," + base64.b64encode(trajectory.image_png(image_id)).decode()
+    except OSError as exc:
+        logger.warning("trajectory %s: image %s not found (%s)", trajectory.id, image_id, exc)
+        return ""
 
 
 def _decoder(candidates: list[Path]) -> Any:
