@@ -172,6 +172,7 @@ def sft(
     out: str | Path,
     *,
     tokenizer: Any = None,
+    processor: Any = None,
     seed: int = 0,
     resume: bool = False,
     dataset: DatasetSettings | Mapping[str, Any] | None = None,
@@ -190,6 +191,8 @@ def sft(
             dataset from :func:`trajlab.data.datasets.sft_dataset`. Trajectories pass the drift guard first
             (:func:`without_drift`, ``max_drift`` in ``settings``).
         out: checkpoints, then ``out/final`` (LoRA merged).
+        processor: a loaded vision-language model's processor; a model directory's own is loaded (none for a text
+            model). Needed when ``data`` holds images.
         dataset: ``DatasetSettings`` applied when ``data`` is trajectories.
         parser: the tool-call parser the trajectories were rolled out with (``rollout.parser``), for the guard.
         device, dtype: where training runs and the dtype a model directory is loaded in (``ModelSettings``).
@@ -205,23 +208,24 @@ def sft(
 
     require_trackers(report_to)
     chosen = _settings(SFTSettings, settings)
-    loaded = _load_tokenizer(model, tokenizer)
+    loaded, processor = _load_tokenizer(model, tokenizer), _load_processor(model, processor)
     if not isinstance(data, datasets.Dataset):
         shaping = _settings(DatasetSettings, dataset or {})
-        data = sft_dataset(without_drift(data, loaded, parser=parser, max_drift=chosen.max_drift),
+        data = sft_dataset(without_drift(data, loaded, parser=parser, max_drift=chosen.max_drift, processor=processor),
                            include_failures=shaping.include_failures, shortest_per_task=shaping.shortest_per_task,
                            max_tokens=shaping.max_tokens)
     placed = _model(device, dtype)
     return run_sft(model, loaded, data, out, chosen, seed=seed, resume=resume, device=placed.device,
-                   dtype=placed.dtype, report_to=report_to, on_progress=on_progress)
+                   dtype=placed.dtype, report_to=report_to, on_progress=on_progress, processor=processor)
 
 
 def without_drift(
-    trajectories: Iterable[Trajectory], tokenizer: Any, *, parser: str = "auto", max_drift: float = 0.0
+    trajectories: Iterable[Trajectory], tokenizer: Any, *, parser: str = "auto", max_drift: float = 0.0,
+    processor: Any = None,
 ) -> list[Trajectory]:
     """The trajectories whose tokens are the chat template's rendering of their messages, turn by turn (see
     ``trajlab.rollout.drift``), under ``tokenizer``'s training template; the others are dropped and counted in the
-    log.
+    log. Trajectories with images need the vision-language model's ``processor`` to render them.
 
     Raises:
         TokenDriftError: more than ``max_drift`` of them drifted (0: any).
@@ -231,7 +235,7 @@ def without_drift(
     from trajlab.rollout.drift import check_token_drift
 
     kept, drifts = check_token_drift(trajectories, tokenizer, resolve_chat_template(tokenizer),
-                                     get_parser(parser, tokenizer), max_drift=max_drift)
+                                     get_parser(parser, tokenizer), max_drift=max_drift, processor=processor)
     if drifts:
         logger.warning("Token drift: %d trajectories dropped, first %s", len(drifts), drifts[0].describe())
     return kept
@@ -243,6 +247,7 @@ def rl(
     out: str | Path,
     *,
     tokenizer: Any = None,
+    processor: Any = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int = 0,
     resume: bool = False,
@@ -257,6 +262,8 @@ def rl(
 
     Args:
         model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        processor: a loaded vision-language model's processor; a model directory's own is loaded (none for a text
+            model). Needed for an env that shows the model images.
         backend: ``"hf"`` rolls out with the model being trained; ``"vllm"`` with an in-process vLLM engine started
             from the model directory, which gets the trainer's weights after every optimizer step.
         on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
@@ -272,6 +279,7 @@ def rl(
     require_trackers(report_to)  # before any model is loaded
     chosen = _settings(RLSettings, settings)
     loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
+    processor = _load_processor(model, processor)
     chosen_rollout = _settings(RolloutSettings, rollout or {})
     sampler = None
     if placed.backend == "vllm" and not chosen_rollout.workers:  # workers start engines of their own
@@ -284,7 +292,7 @@ def rl(
                                 engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
     return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
                   resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype,
-                  backend=placed.backend, report_to=report_to)
+                  backend=placed.backend, report_to=report_to, processor=processor)
 
 
 def evolve(
@@ -393,6 +401,15 @@ def _load_tokenizer(model: Any, tokenizer: Any) -> Any:
     if tokenizer is None and not isinstance(model, str | Path):
         raise UserError("a loaded model needs tokenizer=: its tokenizer or the directory holding it.")
     return load_tokenizer(tokenizer or model)
+
+
+def _load_processor(model: Any, processor: Any) -> Any:
+    """The processor given, else a model directory's own (None for a text model or a loaded model)."""
+    from trajlab.models import load_processor
+
+    if processor is not None or not isinstance(model, str | Path):
+        return processor
+    return load_processor(model)
 
 
 def _label(policy: Any) -> str:

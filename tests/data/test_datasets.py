@@ -12,6 +12,7 @@ import math
 import datasets
 import pytest
 import torch
+from PIL import Image
 from trl import SFTConfig, SFTTrainer
 from trl.data_utils import is_conversational
 
@@ -35,6 +36,7 @@ from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models import load_model
 from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.images import encode_png
 from trajlab.rollout.types import TokenRecord, Trajectory, task_id
 
 # --- hand-made trajectories --------------------------------------------------------------------------------------
@@ -312,6 +314,25 @@ def test_exact_round_trip_in_every_format(name, tmp_path, real):
     assert second[2]["tool_calls"][0]["function"]["arguments"] == {"factor": 0.3, "mode": "exact"}
     rl = {row["task_id"]: row for row in decoded_rows(load_saved_dataset(save_dataset(built["rl"], tmp_path / name)))}
     assert rl[task_id(by_id["ep2"].task)]["task"] == {"target": 0.1 + 0.2, "text": "naïve ✓"}
+
+
+def test_sft_images_travel_inside_the_dataset_in_placeholder_order(tmp_path):
+    pngs = dict(encode_png(Image.new("RGB", (8, 8), color)) for color in ((255, 0, 0), (0, 0, 255)))
+    red, blue = pngs
+    seen = Trajectory.model_validate(make(0).model_dump() | {"images": [blue, red, blue]})
+    seen.attach_images(pngs)
+    ds = sft_dataset([seen, make(1)])
+    assert ds.features["images"] == datasets.List(datasets.Image())
+    assert [image.getpixel((0, 0)) for image in ds[0]["images"]] == [(0, 0, 255), (255, 0, 0), (0, 0, 255)]
+    rows = list(decoded_rows(ds))
+    assert rows[0]["images"] == [{"bytes": pngs[i], "path": i} for i in (blue, red, blue)] and rows[1]["images"] == []
+    for name in ("ds", "ds.parquet"):  # self-contained: the PNG bytes are in the files
+        loaded = load_saved_dataset(save_dataset(ds, tmp_path / name))
+        assert loaded.features == ds.features and list(decoded_rows(loaded)) == rows
+    with pytest.raises(ValueError, match="JSON Lines cannot hold the dataset's images"):
+        save_dataset(ds, tmp_path / "ds.jsonl")
+    assert not (tmp_path / "ds.jsonl").exists()
+    assert "images" not in sft_dataset([make(1), make(2)]).column_names, "text-only datasets are as before"
 
 
 # --- TRL ---------------------------------------------------------------------------------------------------------

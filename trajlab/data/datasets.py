@@ -26,6 +26,9 @@ What TRL consumes is in the shape TRL expects:
   ``input_ids`` as pre-tokenized and builds ``labels`` from ``assistant_masks`` (-100 where the mask is 0), so SFT
   trains on the exact tokens of the rollout whatever the chat template. ``messages`` and ``tools`` ride along for
   reading; TRL never re-renders them.
+- SFT with images: ``images`` holds each row's images in the order of their placeholder tokens in ``input_ids``,
+  as ``List(Image())`` with the PNG bytes embedded (and the image id as the path), so a saved dataset needs no image
+  folder. Rows without images hold ``[]``; a dataset of text-only trajectories has no ``images`` column at all.
 - Preference (DPO): TRL only accepts ``prompt``/``chosen``/``rejected`` as lists of message dicts, so these three
   are ``List(Json())`` columns, each message written as exact JSON text. Reading them through ``datasets``
   (``ds[i]``, and TRL, which re-renders the conversation with the chat template) still uses the ujson decoder;
@@ -33,7 +36,8 @@ What TRL consumes is in the shape TRL expects:
   exactly. ``tools`` stays JSON text: TRL ``json.loads`` a string ``tools`` column itself.
 
 ``save_dataset`` / ``load_saved_dataset`` keep these types in all three formats (JSON Lines holds the decoded
-values and is re-encoded by column name on load).
+values and is re-encoded by column name on load), except that JSON Lines refuses ``images``: it would hold each PNG
+as base64 text, which the trajectory store avoids on purpose.
 """
 
 from __future__ import annotations
@@ -80,8 +84,9 @@ COLUMN_FEATURES: dict[str, Any] = {
     "rejected_id": _STRING,
     "chosen_reward": _FLOAT,
     "rejected_reward": _FLOAT,
+    "images": datasets.List(datasets.Image()),
 }
-"""Arrow types of the scalar and token columns trajlab writes; any other column is left to Arrow's inference."""
+"""Types of the scalar, token and image columns trajlab writes; any other column is left to Arrow's inference."""
 
 PREFERENCE_COLUMNS: tuple[str, ...] = (
     "prompt", "chosen", "rejected", "tools", "task_id", "env", "chosen_reward", "rejected_reward", "chosen_id",
@@ -105,7 +110,8 @@ def sft_dataset(
     Columns: ``id, env, task_id, reward, messages, tools`` (``success`` too with ``include_failures``), and, when
     every selected trajectory has a token record, ``input_ids`` and ``assistant_masks`` for TRL's SFTTrainer. A
     text-only trajectory among them drops both columns (with a warning): SFT on text re-renders the chat template
-    and is no longer token-exact.
+    and is no longer token-exact. When any selected trajectory saw images, ``images`` too (see the module
+    docstring).
 
     Args:
         ts: trajectories, e.g. ``read_trajectories(path)``.
@@ -135,6 +141,7 @@ def sft_dataset(
     columns += ["success"] if include_failures else []
     columns += ["messages", "tools"]
     columns += ["input_ids", "assistant_masks"] if tokenized else []
+    columns += ["images"] if any(t.images for t in chosen) else []
     return _to_dataset([_sft_row(t) for t in chosen], columns)
 
 
@@ -142,6 +149,7 @@ def _sft_row(t: Trajectory) -> dict[str, Any]:
     row = {
         "id": t.id, "env": t.env, "task_id": task_id(t.task), "reward": t.reward, "success": t.status == "success",
         "messages": t.messages, "tools": t.tools,
+        "images": [{"bytes": t.image_png(image), "path": image} for image in t.images],
     }
     if t.tokens is not None:
         row["input_ids"] = t.tokens.prompt_ids + t.tokens.completion_ids
@@ -259,8 +267,11 @@ def _to_dataset(
     rows: list[dict[str, Any]], columns: Sequence[str], conversations: frozenset[str] | set[str] = CONVERSATION_COLUMNS
 ) -> datasets.Dataset:
     """Build the Arrow table column by column from decoded Python values, so no value passes through inference."""
-    arrays = {name: _column([row[name] for row in rows], name, name in conversations) for name in columns}
-    return datasets.Dataset(InMemoryTable(pa.table(arrays)))
+    table = pa.table({name: _column([row[name] for row in rows], name, name in conversations) for name in columns})
+    features = datasets.Features.from_arrow_schema(table.schema)
+    # Arrow's type of an image column is a plain struct: its feature must be named to decode as images.
+    features.update({name: COLUMN_FEATURES[name] for name in columns if name in COLUMN_FEATURES})
+    return datasets.Dataset(InMemoryTable(table), info=datasets.DatasetInfo(features=features))
 
 
 def _column(values: list[Any], name: str, conversation: bool) -> pa.Array:
@@ -320,9 +331,15 @@ def save_dataset(ds: datasets.Dataset, path: str | Path, format: Format | None =
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: JSON Lines for a dataset with images (use Parquet or a directory).
     """
     path = Path(path)
     fmt = _format_of(path, format)
+    if fmt == "jsonl" and "images" in ds.column_names:
+        raise ValueError(f"{path}: JSON Lines cannot hold the dataset's images (each PNG would become base64 text); "
+                         "save it as FILE.parquet or a directory.")
     if fmt == "disk":
         ds.save_to_disk(str(path))
         return path

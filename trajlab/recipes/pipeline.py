@@ -24,7 +24,7 @@ from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
-from trajlab.models import init_tiny_model, load_tokenizer
+from trajlab.models import init_tiny_model, load_processor, load_tokenizer
 from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
 
@@ -141,7 +141,7 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
         raise ValueError(f"No successful demonstration in {run / 'demos.jsonl'} to fine-tune on (episodes ended: "
                          f"{', '.join(statuses)}); raise rollout.max_new_tokens or rollout.max_turns if truncated.")
     checked = api.without_drift(demos, load_tokenizer(model), parser=config.rollout.parser,
-                                max_drift=config.sft.max_drift)
+                                max_drift=config.sft.max_drift, processor=load_processor(model))
     dataset = sft_dataset(checked, include_failures=config.dataset.include_failures,
                           shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
     save_dataset(dataset, run / "sft_dataset")

@@ -3,6 +3,10 @@
 The dataset carries the trajectory's exact tokens (``input_ids``) and its loss mask (``assistant_masks``); TRL turns
 the mask into labels (-100 elsewhere), so system, user and tool tokens never carry loss, whatever the chat template.
 Text-only rows (no tokens) fall back to TRL's conversational path, which needs ``{% generation %}`` markers.
+
+Rows with images (an ``images`` column, see :func:`trajlab.data.datasets.sft_dataset`) train through
+:class:`ImageCollator`: the same padding and labels, plus the image inputs the sampler gave the model for the same
+placeholders, so SFT on a vision-language model is token- and pixel-exact.
 """
 
 from __future__ import annotations
@@ -13,14 +17,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from trajlab.config import SFTSettings
+from trajlab.inference.pixels import image_inputs
 from trajlab.models import load_model
+from trajlab.rollout.images import decode_png
 from trajlab.tracking import Trackers
 from trajlab.train.lora import lora_config
 from trajlab.train.placement import check_trainable, training_device
@@ -89,10 +97,42 @@ class StepProgress(TrainerCallback):
             logger.info("sft step %d/%d: %s", state.global_step, state.max_steps, shown)
 
 
+class ImageCollator:
+    """Batches rows of ``input_ids``, ``assistant_masks`` and ``images`` for a vision-language model.
+
+    Padding and labels are TRL's for pre-tokenized rows (labels -100 outside ``assistant_masks``, then TRL's own
+    collator pads on the right); the image inputs come from :func:`image_inputs`, the function the sampler calls,
+    on the images decoded from their PNG bytes as the sampler decoded them. TRL's collator for image datasets would
+    re-render each row from its messages instead.
+    """
+
+    def __init__(self, model: PreTrainedModel, processor: Any, pad_token_id: int) -> None:
+        self.model, self.processor = model, processor
+        self.pad = DataCollatorForLanguageModeling(pad_token_id=pad_token_id)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.pad([{"input_ids": row["input_ids"], "labels": [
+            token if bit else -100 for token, bit in zip(row["input_ids"], row["assistant_masks"], strict=True)]}
+            for row in rows])  # input_ids, attention_mask, labels: (B, L)
+        images = [decode_png(image["bytes"]) for row in rows for image in row["images"]]  # row-major, as placed
+        return batch | image_inputs(self.model, self.processor, images, batch["input_ids"])
+
+
 def training_columns(dataset: Dataset) -> Dataset:
-    """Keep what TRL trains on: token columns when present, else the conversation."""
+    """Keep what TRL trains on: token columns (and images, as undecoded PNG bytes) when present, else the
+    conversation.
+
+    Raises:
+        ValueError: images without token rows (the conversational path cannot place them).
+    """
     if "input_ids" in dataset.column_names:
-        return dataset.select_columns(["input_ids", "assistant_masks"])
+        if "images" not in dataset.column_names:
+            return dataset.select_columns(["input_ids", "assistant_masks"])
+        kept = dataset.select_columns(["input_ids", "assistant_masks", "images"])
+        return kept.cast_column("images", datasets.List(datasets.Image(decode=False)))
+    if "images" in dataset.column_names:
+        raise ValueError("The SFT dataset has images but no input_ids: image trajectories train on their token "
+                         "record only (some trajectory lacks one).")
     from trajlab.data.datasets import conversational
 
     return conversational(dataset).select_columns(["messages", "tools"])
@@ -111,19 +151,25 @@ def run_sft(
     dtype: str = "auto",
     report_to: Sequence[str] = (),
     on_progress: Callable[[int, int], None] | None = None,
+    processor: Any = None,
 ) -> Path:
     """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
-    model directory, LoRA merged).
+    model directory, LoRA merged, with the tokenizer and, for a vision-language model, ``processor``).
 
     Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. ``device``
     and ``dtype`` are ``model.device`` / ``model.dtype`` (a directory is loaded in that dtype; on a GPU with
     bfloat16 the trainer computes in bfloat16 autocast). Every log (``SFT_METRIC_NAMES``) goes to
     ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`). ``on_progress(step,
-    max_steps)`` replaces the trainer's progress bar and printed logs (:class:`StepProgress`).
+    max_steps)`` replaces the trainer's progress bar and printed logs (:class:`StepProgress`). ``processor``
+    (:func:`trajlab.models.load_processor`) is required when ``dataset`` has images (:class:`ImageCollator`).
     """
     out_dir = Path(out_dir)
     if len(dataset) == 0:
         raise ValueError("The SFT dataset is empty: collect successful demonstrations first.")
+    images = "images" in dataset.column_names
+    if images and processor is None:
+        raise ValueError("The SFT dataset has images: pass the vision-language model's processor "
+                         "(trajlab.models.load_processor).")
     where = training_device(device)
     conversational_rows = "input_ids" not in dataset.column_names
     args = SFTConfig(
@@ -145,6 +191,10 @@ def run_sft(
         max_length=None,
         assistant_only_loss=conversational_rows,
         dataloader_num_workers=0,
+        # An image dataset makes TRL keep only its own vision columns, input_ids and assistant_masks not among them;
+        # training_columns already chose the columns.
+        remove_unused_columns=not images,
+        dataloader_pin_memory=not images,  # ImageCollator's image inputs are on the model's device already
         disable_tqdm=on_progress is not None,
         # TRL defaults to bf16 autocast, which CPUs here cannot train in: use it only where a GPU supports it.
         use_cpu=where.type == "cpu",
@@ -156,8 +206,10 @@ def run_sft(
     trainer = SFTTrainer(
         model=model,
         args=args,
+        data_collator=ImageCollator(model, processor, tokenizer.pad_token_id) if images else None,
         train_dataset=training_columns(dataset),
-        processing_class=tokenizer,
+        # A processor tells TRL the model is a VLM (unused vision weights under DDP) and goes into each checkpoint.
+        processing_class=tokenizer if processor is None else processor,
         peft_config=lora_config(settings.lora) if settings.lora else None,
     )
     if on_progress is not None:
@@ -179,6 +231,8 @@ def run_sft(
     final = out_dir / "final"
     if main:  # under accelerate launch, one process writes
         trained.save_pretrained(final)
-        tokenizer.save_pretrained(final)
+        if processor is not None:  # so that final loads as a vision-language model again
+            processor.save_pretrained(final)
+        tokenizer.save_pretrained(final)  # last: the tokenizer's files are those it trained with
     trainer.accelerator.wait_for_everyone()
     return final
