@@ -1,4 +1,5 @@
-"""Every built-in env runs unchanged as TRL GRPOTrainer's ``environment_factory``: one step on the tiny model."""
+"""Every built-in env runs unchanged in TRL GRPOTrainer as ``trl_environment_factory``'s class: one step on the tiny
+model. Images under TRL: test_trl_images.py."""
 
 import contextlib
 import os
@@ -47,14 +48,16 @@ def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
     episodes = 2 if prompt_tokens > LONG_PROMPT_TOKENS else 4
     args = one_step_config(tmp_path, episodes)
     reset = spec.env_cls.reset
+    factory = trl_environment_factory(spec)
     with mock.patch.object(spec.env_cls, "reset", autospec=True, side_effect=reset) as resets:
         trainer = GRPOTrainer(model=load_model(tiny_model_dir), reward_funcs=[recording_reward], args=args,
-                              train_dataset=dataset, processing_class=tokenizer, environment_factory=spec.env_cls)
+                              train_dataset=dataset, processing_class=tokenizer, environment_factory=factory)
         assert sorted(tool.__name__ for tool in trainer.tools) == sorted(t["function"]["name"] for t in spec.tools)
         trainer.train()
 
     assert trainer.state.global_step == 1
-    assert len(scored) == episodes and all(type(env) is spec.env_cls for env in scored)
+    assert len(scored) == episodes and all(type(env) is factory for env in scored)
+    assert issubclass(factory, spec.env_cls)
     task_ids = set(dataset["task_id"])
     reset_ids = [call.kwargs.get("task_id") for call in resets.call_args_list]
     assert len(reset_ids) >= episodes and set(reset_ids) <= task_ids, "TRL resets each episode's env with its row"
@@ -74,10 +77,11 @@ def test_a_mixture_is_a_trl_dict_environment_factory_routed_by_its_environment_c
         return env_reward(environments, **kwargs)
 
     factories = trl_environment_factory(mixture)
-    assert factories == {"arithmetic": mixture.specs["arithmetic"].env_cls, "wordle": mixture.specs["wordle"].env_cls}
+    assert factories == {name: trl_environment_factory(mixture.specs[name]) for name in ("arithmetic", "wordle")}
     with contextlib.ExitStack() as stack:
-        resets = {name: stack.enter_context(mock.patch.object(cls, "reset", autospec=True, side_effect=cls.reset))
-                  for name, cls in factories.items()}
+        resets = {name: stack.enter_context(mock.patch.object(spec.env_cls, "reset", autospec=True,
+                                                              side_effect=spec.env_cls.reset))
+                  for name, spec in mixture.specs.items()}
         trainer = GRPOTrainer(model=load_model(tiny_model_dir), reward_funcs=[recording_reward],
                               args=one_step_config(tmp_path), train_dataset=dataset,
                               processing_class=load_tokenizer(tiny_model_dir), environment_factory=factories)

@@ -1,18 +1,30 @@
 """Run a trajlab env inside TRL's GRPOTrainer: its tasks as dataset rows, its reward as a reward function.
 
-The env class itself needs no adapter (it already follows the ``environment_factory`` contract); what TRL needs
-around it is a dataset whose rows are ``reset`` keyword arguments plus a ``prompt``, and a reward function that reads
-each episode's env. A mixture of envs maps onto TRL's dict ``environment_factory`` and its ``environment`` column.
+A text env's class already follows the ``environment_factory`` contract; what TRL needs around it is a dataset whose
+rows are ``reset`` keyword arguments plus a ``prompt``, and a reward function that reads each episode's env. A
+mixture of envs maps onto TRL's dict ``environment_factory`` and its ``environment`` column.
+
+Images need one adapter: TRL shows a vision-language model a tool's image only when the tool returns a list of
+content blocks (``[{"type": "image", "image": <PIL image>}, ...]``) and ``str()``-s anything else, while a trajlab
+tool may return a bare PIL image, encoded bytes or an array (:mod:`trajlab.env.content`). The classes
+:func:`trl_environment_factory` gives normalise every tool result (and the first observation) the way trajlab's
+engine does, so TRL gets what trajlab's model gets; the env's own class is left as it is. What TRL 1.16 then does
+with an image depends on the model: tests/env/test_trl_images.py (for Gemma 3, a first observation's image trains, and
+a tool's image reaches generation, where TRL fails on the image processor's ``num_crops``).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
 
-from trajlab.env.base import EnvHandle
+from trajlab.env.base import EnvHandle, tool_names
+from trajlab.env.content import tool_content
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 
@@ -37,11 +49,46 @@ def trl_dataset(env: EnvSpec | EnvMixture, split: str = "train", size: int = 100
     return Dataset.from_dict({key: [row.get(key) for row in rows] for key in columns})
 
 
-def trl_environment_factory(env: EnvSpec | EnvMixture) -> type | dict[str, type]:
-    """GRPOTrainer's ``environment_factory``: the env class, or for a mixture a dict of classes by env name."""
+def trl_environment_factory(env: EnvSpec | EnvMixture | type) -> type | dict[str, type]:
+    """GRPOTrainer's ``environment_factory``: the env's class as TRL's model should see it (see the module doc), or
+    for a mixture a dict of such classes by env name.
+
+    Each is a subclass of the env class with the same name, tools, signatures and docstrings (so the same tool
+    schemas), whose tools and ``reset`` return content as :func:`~trajlab.env.content.tool_content` makes it: text as
+    before, images as TRL's content blocks. A class is made once per env class.
+    """
     if isinstance(env, EnvMixture):
-        return {name: spec.env_cls for name, spec in env.specs.items()}
-    return env.env_cls
+        return {name: _trl_class(spec.env_cls) for name, spec in env.specs.items()}
+    return _trl_class(env.env_cls if isinstance(env, EnvSpec) else env)
+
+
+@functools.cache
+def _trl_class(env_cls: type) -> type:
+    members: dict[str, Any] = {name: _as_content(env_cls, name) for name in ["reset", *tool_names(env_cls)]}
+    members |= {"__doc__": env_cls.__doc__, "__module__": env_cls.__module__, "__qualname__": env_cls.__qualname__}
+    return type(env_cls.__name__, (env_cls,), members)
+
+
+def _as_content(env_cls: type, name: str) -> Any:
+    """The method ``name`` of ``env_cls`` returning message content; a staticmethod stays one, a coroutine one.
+
+    The method is looked up on each call, so a patched or replaced method of the env class is the one that runs.
+    """
+    function: Callable[..., Any] = getattr(env_cls, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _content(getattr(env_cls, name)(*args, **kwargs))
+
+    async def call_async(*args: Any, **kwargs: Any) -> Any:
+        return _content(await getattr(env_cls, name)(*args, **kwargs))
+
+    wrapper = functools.wraps(function)(call_async if inspect.iscoroutinefunction(function) else call)
+    return staticmethod(wrapper) if isinstance(inspect.getattr_static(env_cls, name), staticmethod) else wrapper
+
+
+def _content(value: Any) -> Any:
+    """``reset`` may return None (no observation), which stays None."""
+    return None if value is None else tool_content(value)
 
 
 def env_reward(environments: list[Any], completions: list[Any] | None = None, **_: Any) -> list[float]:
