@@ -75,15 +75,17 @@ def traces_export(
 ):
     """Rebuild trajectories from session recordings: calls that extend a conversation merge, edited ones fork."""
     from trajlab.chat.template import resolve_chat_template
-    from trajlab.models import load_tokenizer
+    from trajlab.models import load_processor, load_tokenizer
     from trajlab.proxy.export import DropRule, export_sessions, load_reward, session_files
 
     rules = [DropRule.parse(rule) for rule in drop_if or []]
     score = load_reward(reward) if reward else None
     loaded = load_tokenizer(tokenizer)
     paths = session_files(record_dir, session)
+    # Sessions that held images need the model's processor; a tokenizer-only directory still exports text sessions.
+    processor = load_processor(tokenizer) if (tokenizer / "config.json").is_file() else None
     summary = export_sessions(paths, out, loaded, resolve_chat_template(loaded), env=env, reward=score,
-                              choice=choice, all_choices=all_choices, drop=rules)
+                              choice=choice, all_choices=all_choices, drop=rules, processor=processor)
     console.print(f"Exported {summary['written']} trajectories to {out} from {summary['sessions']} sessions "
                   f"({summary['calls']} calls, {summary['samples']} samples; {summary['already']} already there, "
                   f"{summary['dropped']} calls dropped, {summary['skipped']} skipped)")

@@ -26,10 +26,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
-from trajlab.chat.template import render, stop_token_ids
+from trajlab.chat.template import ChatTemplate, image_ids, stop_token_ids
 from trajlab.inference.base import Generator
 from trajlab.proxy.completion import Completer
 from trajlab.proxy.errors import APIError, bad_request, error_response
+from trajlab.proxy.images import inline_images
 from trajlab.proxy.openai_format import (
     ChatCompletionRequest,
     Choice,
@@ -44,6 +45,7 @@ from trajlab.proxy.openai_format import (
 from trajlab.proxy.recording import RECORD_SCHEMA, SessionRecorder
 from trajlab.proxy.sessions import resolve_session
 from trajlab.proxy.streaming import chat_chunks, completion_chunks, sse
+from trajlab.rollout.images import decode_png
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class CallContext:
     model: str = ""
     body_read: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the whole body is in: from then on a message from the client can only be its disconnect."""
+    images: dict[str, bytes] = field(default_factory=dict)
+    """The PNG bytes of the request's images by id (the body names them by id): stored beside the record."""
 
     def record(self, model: str, **fields: Any) -> dict[str, Any]:
         return {"schema": RECORD_SCHEMA, "session_id": self.session, "session_source": self.source,
@@ -91,6 +95,7 @@ def create_app(
     model_name: str,
     recorder: SessionRecorder,
     limits: ServeLimits | None = None,
+    processor: Any = None,
 ) -> FastAPI:
     """Build the server around already-built collaborators.
 
@@ -102,9 +107,21 @@ def create_app(
         model_name: the only name ``model`` may take; listed by ``/v1/models``.
         recorder: where each session's calls are written.
         limits: body size, context length and default token budget.
+        processor: a vision-language model's processor, which turns the images of chat requests into the model's
+            image tokens (``generator`` must pass ``GenerationRequest.images`` to the model); None: text only.
     """
     limits = limits or ServeLimits()
     completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
+    chat = ChatTemplate(tokenizer, [], template, processor)
+    # Where the model puts image features. Only the processor may write these ids: text holding one would leave the
+    # model more image tokens than image features, failing every request batched with it.
+    image_tokens = {token for token in getattr(processor, "image_token_ids", None) or [] if token is not None}
+
+    def refuse_image_tokens(ids: list[int], param: str) -> None:
+        if image_tokens.intersection(ids):
+            names = tokenizer.convert_ids_to_tokens(sorted(image_tokens))
+            raise bad_request(f"the text holds the model's image token ({', '.join(names)}), which only an image may "
+                              "bring: send images as image_url parts", param=param)
 
     def check_model(name: str) -> None:
         if name != model_name:
@@ -123,8 +140,35 @@ def create_app(
                 f"{limits.max_context} tokens", param="max_tokens", code="context_length_exceeded")
         return requested if requested is not None else min(default, room)
 
+    def prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+               pngs: dict[str, bytes]) -> tuple[str, list[int], list[Any]]:
+        """The rendered prompt, its token ids and its images, as the rollout engine makes them: the processor turns
+        each image's placeholder into the image's tokens, and the model gets the images decoded from their PNG
+        bytes, the very pixels the recording keeps."""
+        if image_ids(messages) and processor is None:
+            raise bad_request(f"the model {model_name!r} reads text only (it has no image processor): image parts "
+                              "need a vision-language model served with the hf backend", param="messages",
+                              code="images_not_supported")
+        turn = chat.with_tools(tools).with_images(lambda image_id: decode_png(pngs[image_id]))
+        try:
+            text = turn.render(messages, add_generation_prompt=True)
+        except Exception as exc:  # the template's own checks (role order, missing fields) are the client's error
+            raise bad_request(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        images = turn.images_of(messages)
+        try:
+            ids = turn.encode(text, images)
+        except ValueError as exc:  # the processor's: the text holds image placeholders of its own
+            raise bad_request(f"the processor cannot place these images: {exc}", param="messages") from exc
+        if image_tokens:  # the text's own tokens: the prompt without its images' parts
+            refuse_image_tokens(turn.encode(turn.render(_text_only(messages), add_generation_prompt=True))
+                                if images else ids, "messages")
+        return text, ids, images
+
     async def chat_work(request: Request, call: CallContext):
         req = parse_request(ChatCompletionRequest, await read_body(request, call, limits))
+        raw_messages, call.images = inline_images(req.messages)
+        if call.images:
+            call.body = {**call.body, "messages": raw_messages}  # recorded with image ids; the bytes go beside it
         check_model(req.model)
         tools = validate_tools(req.tools)
         parse_tools = parse_tool_choice(req.tool_choice, bool(tools))
@@ -132,15 +176,12 @@ def create_app(
             raise bad_request("top_logprobs is not supported: only the sampled tokens' logprobs are known",
                               param="top_logprobs")
         stops = req.stop_strings()
-        messages = to_template_messages(req.messages)
-        try:
-            prompt_text = render(tokenizer, messages, tools, add_generation_prompt=True, chat_template=template)
-        except Exception as exc:  # the template's own checks (role order, missing fields) are the client's error
-            raise bad_request(f"the chat template cannot render these messages: {exc}", param="messages") from exc
-        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+        messages = to_template_messages(raw_messages)
+        prompt_text, prompt_ids, images = prompt(messages, tools, call.images)
         params = completer.sampling(budget(req.token_budget(), len(prompt_ids), limits.default_max_tokens),
                                     req.temperature, req.top_p)
-        results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed)
+        results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed,
+                                           images=images)
         choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools)
                    for i, r in enumerate(results)]
         response = {
@@ -152,6 +193,8 @@ def create_app(
             response["prompt_token_ids"] = prompt_ids
         fields = _record_fields([(prompt_text, prompt_ids)], [(0, c) for c in choices], params, stops, req.n,
                                 response["usage"], completer)
+        if images:
+            fields["prompts"][0]["images"] = image_ids(messages)
         stream = chat_chunks(response, req.include_usage()) if req.stream else None
         return response, fields, stream
 
@@ -164,6 +207,8 @@ def create_app(
             raise bad_request("only logprobs=0 is supported: top alternatives are not known", param="logprobs")
         stops = req.stop_strings()
         prompts = _completion_prompts(req.prompt, tokenizer)
+        for _, ids in prompts:
+            refuse_image_tokens(ids, "prompt")
         longest = max(len(ids) for _, ids in prompts)
         params = completer.sampling(budget(req.token_budget(), longest, 16), req.temperature, req.top_p)
         per_prompt = await asyncio.gather(*(completer.generate(ids, params, req.n, seed=req.seed, key=f"prompt{p}")
@@ -233,23 +278,24 @@ def openai_app(
         except ClientGone:
             gone = APIError(499, "the client disconnected before the response; its generation was cancelled",
                             type="client_closed_request")
-            await _record(call.record(call.model or model_name, status=499, error=gone.body()["error"]))
+            await _record(call, status=499, error=gone.body()["error"])
             return Response(status_code=499)  # nobody reads it
         except APIError as exc:
-            await _record(call.record(call.model or model_name, status=exc.status, error=exc.body()["error"]))
+            await _record(call, status=exc.status, error=exc.body()["error"])
             raise
         except Exception as exc:
             logger.exception("request %s failed", call.request_id)
             error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
-            await _record(call.record(call.model or model_name, status=500, error=error.body()["error"]))
+            await _record(call, status=500, error=error.body()["error"])
             raise error from exc
-        await _record(call.record(call.model or model_name, status=200, **fields, error=None))
+        await _record(call, status=200, **fields, error=None)
         if stream is not None:
             return StreamingResponse(sse(stream), media_type="text/event-stream")
         return JSONResponse(response)
 
-    async def _record(record: dict[str, Any]) -> None:
-        await asyncio.to_thread(recorder.append, record["session_id"], record)
+    async def _record(call: CallContext, **fields: Any) -> None:
+        record = call.record(call.model or model_name, **fields)
+        await asyncio.to_thread(recorder.append, call.session, record, call.images)
 
     # ------------------------------------------------------------------------------------------------------ routes
 
@@ -400,6 +446,12 @@ def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrain
             raise bad_request(f"prompt token ids must be in [0, {len(tokenizer)})", param="prompt")
         return [(tokenizer.decode(prompt, skip_special_tokens=False), list(prompt))]
     return [(text, tokenizer.encode(text)) for text in prompt]
+
+
+def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without their image parts."""
+    return [{**m, "content": [p for p in m["content"] if p["type"] != "image"]} if isinstance(m["content"], list)
+            else m for m in messages]
 
 
 def _chat_choice(choice: Choice, completer: Completer, logprobs: bool, token_ids: bool) -> dict[str, Any]:

@@ -50,10 +50,13 @@ class Completer:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, n: int, *, messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None, seed: int | None = None, key: str = "",
+        images: list[Any] | None = None,
     ) -> list[GenerationResult]:
-        """The ``n`` choices; with a ``seed``, choice i samples from the stream of (seed, key, i)."""
+        """The ``n`` choices; with a ``seed``, choice i samples from the stream of (seed, key, i). ``images``: the
+        PIL images whose placeholder tokens ``prompt_ids`` holds, in order."""
         requests = [GenerationRequest(prompt_ids=list(prompt_ids), params=params, messages=messages or [],
-                                      tools=tools or [], seed=None if seed is None else request_seed(seed, key, i))
+                                      tools=tools or [], seed=None if seed is None else request_seed(seed, key, i),
+                                      images=list(images or []))
                     for i in range(n)]
         return list(await asyncio.gather(*(self.generator.generate(r) for r in requests)))
 

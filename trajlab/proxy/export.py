@@ -11,6 +11,9 @@ append-only token history: one trajectory. The merge is decided on token ids alo
   history wins.
 - any other call (the history was edited, summarised or cut, a retry from an earlier point, an unrelated
   auxiliary request) **forks**: it opens a new sample from its own prompt. Tokens of two histories never mix.
+- images: an image's tokens are the same whatever its pixels, so a call extends a sample only when its prompt's
+  images (by id, in order) also start with the sample's. The trajectory keeps them (``images``, image parts in its
+  messages) and the trajectory store writes their files beside the output, copied from the session's image folder.
 
 Choices: each call contributes its choice ``choice`` (default 0; a call without that choice contributes nothing).
 With ``all_choices`` the other choices of an ``n > 1`` call become forks of their own (a copy of the history so
@@ -44,10 +47,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from trajlab.chat.template import render
-from trajlab.data.store import TrajectoryStore
-from trajlab.proxy.openai_format import to_template_messages
+from trajlab.chat.template import image_ids, render
+from trajlab.data.store import TrajectoryStore, image_dir
+from trajlab.proxy.openai_format import to_template_messages, validate_tools
 from trajlab.proxy.recording import RECORD_SCHEMA, read_session
+from trajlab.rollout.images import decode_png
 from trajlab.rollout.types import TokenRecord, Trajectory
 
 CHAT = "/v1/chat/completions"
@@ -108,12 +112,19 @@ class Sample:
     wall_s: float = 0.0
     history: list[int] = field(default_factory=list)
     """``prompt_ids + completion_ids``, kept up to date so matching a call does not rebuild it."""
+    images: list[str] = field(default_factory=list)
+    """The ids of the images whose tokens ``history`` holds, in order."""
 
-    def add(self, record: dict[str, Any], prompt_ids: list[int], choice: dict[str, Any]) -> None:
+    def extended_by(self, prompt_ids: list[int], images: list[str]) -> bool:
+        """Whether a prompt continues this history: its ids and its images start with the sample's."""
+        return prompt_ids[:len(self.history)] == self.history and images[:len(self.images)] == self.images
+
+    def add(self, record: dict[str, Any], prompt_ids: list[int], images: list[str], choice: dict[str, Any]) -> None:
         """Append one call: the new prompt tokens as observation, the choice as model tokens."""
         self.tokens.extend(prompt_ids[len(self.history):], trained=False)
         self.tokens.extend(list(choice["token_ids"]), trained=True, logprobs=list(choice["logprobs"]))
         self.history = prompt_ids + list(choice["token_ids"])
+        self.images = list(images)
         self.record, self.choice = record, choice
         self.calls += 1
         self.tool_calls += len((choice.get("message") or {}).get("tool_calls") or [])
@@ -159,18 +170,17 @@ def rebuild_session(
             if choice >= len(choices):
                 continue
             order = [choices[choice]] + ([c for i, c in enumerate(choices) if i != choice] if all_choices else [])
-            _add_call(out.samples, record, list(prompt["token_ids"]), order)
+            _add_call(out.samples, record, list(prompt["token_ids"]), list(prompt.get("images") or []), order)
     return out
 
 
-def _add_call(samples: list[Sample], record: dict[str, Any], prompt_ids: list[int],
+def _add_call(samples: list[Sample], record: dict[str, Any], prompt_ids: list[int], images: list[str],
               choices: list[dict[str, Any]]) -> None:
     """Extend the sample with the longest matching history with ``choices[0]``; every other choice forks."""
     base: Sample | None = None
     for sample in samples:
-        history = sample.history
-        if len(history) <= len(prompt_ids) and prompt_ids[:len(history)] == history and (
-                base is None or len(history) > len(base.history)):
+        if len(sample.history) <= len(prompt_ids) and sample.extended_by(prompt_ids, images) and (
+                base is None or len(sample.history) > len(base.history)):
             base = sample
     before = copy.deepcopy(base) if base is not None and len(choices) > 1 else None
     for i, choice in enumerate(choices):
@@ -184,7 +194,7 @@ def _add_call(samples: list[Sample], record: dict[str, Any], prompt_ids: list[in
             empty = TokenRecord(prompt_ids=prompt_ids, completion_ids=[], loss_mask=[], logprobs=[])
             target = Sample(len(samples), empty, record, choice, history=list(prompt_ids))
             samples.append(target)
-        target.add(record, prompt_ids, choice)
+        target.add(record, prompt_ids, images, choice)
 
 
 def to_trajectory(
@@ -195,6 +205,8 @@ def to_trajectory(
     *,
     env: str = "recorded",
     reward: RewardFn | None = None,
+    processor: Any = None,
+    image_folder: Path | None = None,
 ) -> Trajectory:
     """The trajectory of one sample: its tokens, the last call's conversation, and its score when ``reward`` is set.
 
@@ -205,11 +217,23 @@ def to_trajectory(
         template: the chat template the server rendered with (``resolve_chat_template(tokenizer)``).
         env: the ``env`` field (``recorded`` unless the session ran against a known env).
         reward: scores the trajectory; see the module docstring.
+        processor: the served model's processor, needed when the sample holds images.
+        image_folder: the session's image folder (``<session>.images``), when the sample holds images.
+
+    Raises:
+        FileNotFoundError: an image of the sample is not in ``image_folder``.
+        ValueError: the sample holds images but ``processor`` or ``image_folder`` is None.
     """
     tokens = sample.tokens.model_copy(deep=True)
     record, choice = sample.record, sample.choice
     messages: list[dict[str, Any]] = []
-    tools = list((record.get("request") or {}).get("tools") or [])
+    tools = validate_tools((record.get("request") or {}).get("tools"))  # as the server rendered them
+    pngs: dict[str, bytes] = {}
+    if sample.images:
+        if processor is None or image_folder is None:
+            raise ValueError(f"session {session!r} holds images: export it with the served model's processor (its "
+                             "vision-language model directory as --tokenizer) and the session's image folder")
+        pngs = {image_id: (image_folder / image_id).read_bytes() for image_id in sample.images}
     match = 0.0
     if record["endpoint"] == CHAT:
         messages = to_template_messages([*record["request"]["messages"], choice["message"]])
@@ -218,6 +242,10 @@ def to_trajectory(
         if full.startswith(head):
             tokens.extend(tokenizer.encode(full[len(head):], add_special_tokens=False), trained=False)
         decoded = tokenizer.decode(tokens.prompt_ids + tokens.completion_ids, skip_special_tokens=False)
+        if pngs:  # the ids hold each image's tokens where the text holds its placeholder: expand it as they do
+            images = [decode_png(pngs[image_id]) for image_id in image_ids(messages)]
+            expanded = processor(text=full, images=images, add_special_tokens=False)["input_ids"][0]
+            full = tokenizer.decode(expanded, skip_special_tokens=False)
         match = float(decoded == full)
     truncated = choice.get("finish_reason") == "length"
     model_tokens = sum(tokens.loss_mask)
@@ -235,7 +263,9 @@ def to_trajectory(
         tokens=tokens,
         stop_reason="max_new_tokens" if truncated else str(choice.get("finish_reason") or ""),
         policy=str(record.get("model", "")),
+        images=sample.images,
     )
+    trajectory.attach_images(pngs)
     return score(trajectory, reward) if reward is not None else trajectory
 
 
@@ -298,8 +328,10 @@ def export_sessions(
     choice: int = 0,
     all_choices: bool = False,
     drop: Iterable[DropRule] = (),
+    processor: Any = None,
 ) -> dict[str, int]:
     """Rebuild every session file in ``paths`` and append its trajectories to ``out``; ids already there are kept.
+    ``processor``: the served model's, for sessions whose requests held images (their files go beside ``out``).
 
     Returns:
         counts: ``sessions``, ``calls`` (merged), ``dropped`` (by a rule), ``skipped`` (refused calls and other
@@ -321,6 +353,7 @@ def export_sessions(
                 if f"{session}:{sample.index}" in store.ids:
                     summary["already"] += 1
                     continue
-                store.append(to_trajectory(sample, session, tokenizer, template, env=env, reward=reward))
+                store.append(to_trajectory(sample, session, tokenizer, template, env=env, reward=reward,
+                                           processor=processor, image_folder=image_dir(path)))
                 summary["written"] += 1
     return summary

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trajlab.chat.parsers import ParsedResponse
 from trajlab.proxy.errors import bad_request
+from trajlab.rollout.images import is_image_id
 
 MAX_STOP_STRINGS = 16
 MIN_TEMPERATURE = 1e-4
@@ -145,18 +146,44 @@ def parse_tool_choice(tool_choice: str | dict[str, Any] | None, has_tools: bool)
 
 def _text(content: Any, where: str) -> str:
     """Message content as one string: a string, null, or a list of text parts."""
+    content = _content(content, where)
+    if isinstance(content, list):
+        raise bad_request(f"{where}.content: image parts are taken in user and tool messages only",
+                          param=f"{where}.content")
+    return content
+
+
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """Message content as the template takes it: one string, or text and image parts when it holds an image.
+
+    An image part is ``{"type": "image_url", "image_url": {"url": <image id>}}``, as
+    :func:`trajlab.proxy.images.inline_images` leaves it (and recordings hold it); it becomes
+    ``{"type": "image", "image": <image id>}``, the form trajectories use.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{where}.content[{j}]: only text parts are supported", param=f"{where}.content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad_request(f"{where}.content must be a string, null or a list of text parts", param=f"{where}.content")
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string, null or a list of text and image_url parts",
+                          param=f"{where}.content")
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url":
+            url = part["image_url"].get("url") if isinstance(part.get("image_url"), dict) else None
+            if not is_image_id(url):
+                raise bad_request(f"{where}.content[{j}]: send the image inline as a data URL "
+                                  "(data:image/png;base64,...)", param=f"{where}.content")
+            parts.append({"type": "image", "image": url})
+        else:
+            raise bad_request(f"{where}.content[{j}]: only text and image_url parts are supported",
+                              param=f"{where}.content")
+    if any(part["type"] == "image" for part in parts):
+        return parts
+    return "".join(part["text"] for part in parts)
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:
@@ -182,16 +209,18 @@ def to_template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     """OpenAI chat messages to what chat templates expect.
 
     Tool-call arguments arrive as JSON strings and templates want objects; ``developer`` is OpenAI's new name for
-    ``system``; a tool result gets the ``name`` of the call it answers (templates such as Llama's print it).
+    ``system``; a tool result gets the ``name`` of the call it answers (templates such as Llama's print it). User
+    and tool messages may hold images, named by id (:func:`trajlab.proxy.images.inline_images` puts the ids in).
     """
     converted: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = message.get("role") if isinstance(message, dict) else None
-        if role in ("system", "developer", "user"):
-            converted.append({"role": "system" if role == "developer" else role,
-                              "content": _text(message.get("content"), where)})
+        if role in ("system", "developer"):
+            converted.append({"role": "system", "content": _text(message.get("content"), where)})
+        elif role == "user":
+            converted.append({"role": "user", "content": _content(message.get("content"), where)})
         elif role == "assistant":
             out: dict[str, Any] = {"role": "assistant", "content": _text(message.get("content"), where)}
             calls = message.get("tool_calls") or []
@@ -205,7 +234,7 @@ def to_template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             converted.append(out)
         elif role == "tool":
             call_id = message.get("tool_call_id")
-            out = {"role": "tool", "content": _text(message.get("content"), where)}
+            out = {"role": "tool", "content": _content(message.get("content"), where)}
             if isinstance(call_id, str):
                 out["tool_call_id"] = call_id
             name = message.get("name") or call_names.get(call_id)

@@ -2,7 +2,9 @@
 
 Each line is a plain JSON object (its fields are listed in the README's "Recording server" section): the request as
 received, the exact prompt token ids, and per choice the completion token ids, their logprobs, the finish reason
-and the parsed message, so an exporter can later rebuild each session's append-only token history.
+and the parsed message, so an exporter can later rebuild each session's append-only token history. The images a
+session's requests held live beside its file, in ``<session>.images/`` (as a trajectory file's do), one PNG per image
+named by its hash; the lines name them by that id and never hold their bytes.
 
 Writes go through ``O_APPEND`` under a per-session thread lock and an advisory file lock, so concurrent calls of
 one session (from threads or from several server processes) never interleave within a line, and calls of
@@ -17,9 +19,11 @@ import json
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from trajlab.data.store import image_dir, write_images
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 RECORD_SCHEMA = "trajlab.proxy.call/1"
@@ -47,8 +51,9 @@ class SessionRecorder:
             raise ValueError(f"invalid session id {session_id!r}")
         return self.root / f"{session_id}.jsonl"
 
-    def append(self, session_id: str, record: dict[str, Any]) -> None:
-        """Write one record as one line of the session's file, durably, before returning."""
+    def append(self, session_id: str, record: dict[str, Any], images: Mapping[str, bytes] | None = None) -> None:
+        """Write one record as one line of the session's file, durably, before returning; ``images`` (PNG bytes by
+        id) are written to the session's image folder first, so no line names an image that is not there."""
         path = self.path(session_id)
         line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode()
         with self._guard:
@@ -58,6 +63,8 @@ class SessionRecorder:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                if images:
+                    write_images(image_dir(path), images, images.__getitem__)
                 if session_id not in self._repaired:
                     _drop_torn_tail(fd)
                     self._repaired.add(session_id)

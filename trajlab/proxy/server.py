@@ -13,7 +13,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import load_model, load_tokenizer
+from trajlab.models import load_model, load_processor, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
 from trajlab.proxy.recording import SessionRecorder
 from trajlab.proxy.upstream import UpstreamBackend, create_upstream_app
@@ -44,7 +44,7 @@ class ServeConfig:
 
 def build_app(config: ServeConfig) -> FastAPI:
     """Load tokenizer, chat template, parser and model; one generator (``model.backend``: hf or vllm) serves every
-    request.
+    request. A vision-language model served with hf also gets its processor, so chat requests may hold images.
 
     With ``upstream`` set nothing is loaded: calls are forwarded there and recorded (``proxy.upstream``).
 
@@ -65,14 +65,18 @@ def build_app(config: ServeConfig) -> FastAPI:
     template = resolve_chat_template(tokenizer)
     parser = get_parser(config.parser, tokenizer)
     name = config.served_model_name or Path(config.model).resolve().name
-    generator, model_config = _generator(config, tokenizer, name)
-    context = int(getattr(model_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
+    processor = load_processor(config.model) if config.backend == "hf" else None  # vllm gets no images from us
+    generator, model_config = _generator(config, tokenizer, name, processor)
+    text_config = model_config.get_text_config()  # a vision-language model's context is its text model's
+    context = int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context,
                          body_timeout_s=config.body_timeout_s)
-    return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits)
+    return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits,
+                      processor)
 
 
-def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: str) -> tuple[Generator, Any]:
+def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: str,
+               processor: Any) -> tuple[Generator, Any]:
     """The model directory on the chosen backend, and its config (for the context length)."""
     if config.backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
@@ -82,4 +86,4 @@ def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: st
         return generator, AutoConfig.from_pretrained(config.model, local_files_only=True)
     model = load_model(config.model, device=config.device, dtype=config.dtype)
     return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name,
-                       prefix_cache_bytes=config.prefix_cache_bytes), model.config
+                       prefix_cache_bytes=config.prefix_cache_bytes, processor=processor), model.config

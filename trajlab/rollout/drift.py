@@ -225,6 +225,8 @@ def _conversation_drift(trajectory: Trajectory, chat: ChatTemplate) -> Drift | N
     ids = tokens.prompt_ids + tokens.completion_ids
     decoded = chat.tokenizer.decode(ids, skip_special_tokens=False)
     rendered = chat.render(trajectory.messages)
+    if images := chat.images_of(trajectory.messages):  # the ids hold each image's tokens, the text its placeholder
+        rendered = chat.tokenizer.decode(chat.encode(rendered, images), skip_special_tokens=False)
     if decoded == rendered:
         return None
     at = next((i for i, (a, b) in enumerate(zip(rendered, decoded, strict=False)) if a != b),
