@@ -20,7 +20,8 @@ POLICY_HELP = ("'oracle' (the env's reference policy), a model directory, or an 
 PolicyOption = Annotated[str, typer.Option(help=POLICY_HELP)]
 TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instead of the env's generator.")]
 Tokenizer = Annotated[str | None, typer.Option(
-    help="Tokenizer of the oracle policy (default: tiny), or, required, the served model's for a server --policy.")]
+    help="Tokenizer of the oracle policy (default: the tiny model, or the tiny vision-language model for an env whose "
+    "tools return images), or, required, the served model's for a server --policy.")]
 Seed = Annotated[int | None, typer.Option(help="Task order seed.")]
 Parser = Annotated[str | None, setting("rollout.parser")]
 Concurrency = Annotated[int | None, setting("rollout.concurrency", min=1)]
