@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +18,7 @@ from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
 from trajlab.rollout.engine import Episode, make_engine
-from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
+from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec, _move_into_run
 
 from .dying_env import ARITHMETIC, arm
 
@@ -57,7 +60,9 @@ def runner(tiny_model_dir, tmp_path_factory, marker):
         runner = RayRolloutRunner(spec, workers=2, run_dir=run_dir)
         yield runner
         runner.close()
-    assert (run_dir / "ray").is_dir(), "the local cluster's files are reachable from the run directory"
+    ray_dir = run_dir / "ray"
+    assert ray_dir.is_dir() and not ray_dir.is_symlink(), "the closed cluster's files moved into the run directory"
+    assert any(ray_dir.rglob("*.log")), "its logs are there"
 
 
 def same_episode(remote, local) -> None:
@@ -137,3 +142,19 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
 def test_workers_asking_for_gpus_the_cluster_lacks_are_refused_at_once(runner):
     with pytest.raises(UserError, match=r"2 workers of 1 GPU need 2 free GPUs, and the Ray cluster has 0"):
         RayRolloutRunner(runner.spec, workers=2, worker_cpus=0, worker_gpus=1)
+
+
+def test_a_short_temp_dir_moves_into_the_run_once_the_cluster_is_down(tmp_path):
+    """A run directory too deep for unix socket paths gets its cluster files in /tmp, linked as run/ray; closing
+    moves them into the run (dead sockets dropped), so nothing is left in /tmp."""
+    short = tempfile.mkdtemp(prefix="trajlab-ray-")
+    Path(short, "logs").mkdir()
+    Path(short, "logs", "raylet.out").write_text("log")
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(Path(short, "raylet.sock")))
+    link = tmp_path / "run" / "ray"
+    link.parent.mkdir()
+    link.symlink_to(short, target_is_directory=True)
+    _move_into_run(short, link)
+    assert not Path(short).exists() and link.is_dir() and not link.is_symlink()
+    assert (link / "logs" / "raylet.out").read_text() == "log" and not (link / "raylet.sock").exists()

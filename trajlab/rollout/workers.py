@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +132,7 @@ class RayRolloutRunner(EpisodeRunner):
         self.spec = spec
         self._started_ray = False
         self._own_temp_dir: str | None = None  # made for a cluster with no run_dir; deleted with the cluster
+        self._linked_temp_dir: tuple[str, Path] | None = None  # a short dir and its link in run_dir; moved there
         if not self._ray.is_initialized():
             self._start_ray(address, run_dir, workers * worker_cpus)
         free = self._ray.available_resources()
@@ -205,6 +207,9 @@ class RayRolloutRunner(EpisodeRunner):
         if self._own_temp_dir is not None:
             shutil.rmtree(self._own_temp_dir, ignore_errors=True)
             self._own_temp_dir = None
+        if self._linked_temp_dir is not None:
+            _move_into_run(*self._linked_temp_dir)
+            self._linked_temp_dir = None
 
     def _replace(self, index: int, dead: Any) -> None:
         """A fresh worker in place of a dead one (once, however many of its episodes report the death)."""
@@ -226,6 +231,9 @@ class RayRolloutRunner(EpisodeRunner):
                 temp_dir = self._own_temp_dir = tempfile.mkdtemp(prefix="trajlab-ray-")
             else:
                 temp_dir = _temp_dir(Path(run_dir))
+                link = Path(run_dir).resolve() / "ray"
+                if link.is_symlink() and os.readlink(link) == temp_dir:
+                    self._linked_temp_dir = (temp_dir, link)
             options |= {"num_cpus": max(int(cpus + 0.999), os.cpu_count() or 1), "_temp_dir": temp_dir}
         else:
             options["address"] = address
@@ -245,6 +253,21 @@ def _temp_dir(run_dir: Path) -> str:
     if not wanted.is_symlink() and not wanted.exists():
         wanted.symlink_to(short, target_is_directory=True)
     return short
+
+
+def _move_into_run(short: str, link: Path) -> None:
+    """Once the cluster is down, put its files (logs) where the run links them, so nothing stays in /tmp; its
+    sockets, dead now, are dropped (they cannot be copied)."""
+    for root, _, names in os.walk(short):
+        for name in names:
+            path = os.path.join(root, name)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+    if link.is_symlink() and os.readlink(link) == short:
+        link.unlink()
+        shutil.move(short, link)
+    else:  # the run directory was changed meanwhile: keep nothing outside it
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def _lost(env: EnvSpec | EnvMixture, episode: Episode, cause: str) -> Trajectory:
