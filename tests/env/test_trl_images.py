@@ -1,10 +1,10 @@
 """Images from an env inside TRL's GRPOTrainer, through ``trl_environment_factory``, with the tiny vision model.
 
 TRL shows a vision-language model an image only as a content block (``{"type": "image", "image": <PIL image>}``).
-A first observation's image trains end to end. A tool's image reaches the model's ``generate`` as pixels and image
-tokens, then TRL 1.16 fails for Gemma 3 (the tiny vision model's architecture): its tool-image path calls the image
-processor itself and passes all it returns to ``generate``, including Gemma 3's ``num_crops``, which is no model
-input (grpo_trainer.py, ``_tool_call_loop``). The full step is a strict xfail, so a TRL that fixes this says so.
+A first observation's image trains end to end, and so does a tool's: it reaches the model's ``generate`` as pixels
+and image tokens, and the update's forward pass too. TRL 1.16's tool-image path calls the image processor itself and
+passes all it returns to the model, including Gemma 3's ``num_crops``, which ``generate`` refuses:
+``trl_processing_class`` gives it only the model's inputs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trajlab.env import Environment, load_env
 from trajlab.env.base import tool_names, tool_schemas
 from trajlab.env.builtin.odd_one_out import IMAGE_PX
 from trajlab.env.registry import EnvSpec
-from trajlab.env.trl import env_reward, trl_dataset, trl_environment_factory
+from trajlab.env.trl import env_reward, trl_dataset, trl_environment_factory, trl_processing_class
 from trajlab.models import load_model, load_processor
 from trajlab.vision import TINY_VL_IMAGE_TOKENS, TINY_VL_TOKENS_PER_IMAGE
 
@@ -139,7 +139,8 @@ def _run_step(spec: EnvSpec, vision_dir: Path, out: Path, *, max_completion_leng
         return env_reward(environments, **kwargs)
 
     trainer = GRPOTrainer(model=model, reward_funcs=[recording_reward], args=_config(out, max_completion_length),
-                          train_dataset=trl_dataset(spec, split="train", size=4), processing_class=processor,
+                          train_dataset=trl_dataset(spec, split="train", size=4),
+                          processing_class=trl_processing_class(processor, model),
                           environment_factory=trl_environment_factory(spec))
     try:
         trainer.train()
@@ -207,11 +208,10 @@ def test_trl_hands_a_tool_image_to_the_model_as_pixels_and_image_tokens(tool_ima
     assert tokens_per_episode == [TINY_VL_TOKENS_PER_IMAGE] * EPISODES, "the image, not its str(), follows the call"
 
 
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="TRL 1.16 passes Gemma 3's num_crops to generate after a tool's image (_tool_call_loop)")
 def test_a_trl_step_trains_on_a_tool_image(tool_image_step, tiny_vision_dir) -> None:
+    """With trl_processing_class: TRL 1.16 passes all its image processor returns to the model (Gemma 3's
+    ``num_crops`` made ``generate`` refuse the step)."""
     if tool_image_step.error is not None:
-        assert "num_crops" in str(tool_image_step.error), "a failure other than the known TRL 1.16 one"
         raise tool_image_step.error
     assert tool_image_step.global_step == 1
     image_token = _image_token(tiny_vision_dir)

@@ -8,13 +8,15 @@ Images need one adapter: TRL shows a vision-language model a tool's image only w
 content blocks (``[{"type": "image", "image": <PIL image>}, ...]``) and ``str()``-s anything else, while a trajlab
 tool may return a bare PIL image, encoded bytes or an array (:mod:`trajlab.env.content`). The classes
 :func:`trl_environment_factory` gives normalise every tool result (and the first observation) the way trajlab's
-engine does, so TRL gets what trajlab's model gets; the env's own class is left as it is. What TRL 1.16 then does
-with an image depends on the model: tests/env/test_trl_images.py (for Gemma 3, a first observation's image trains, and
-a tool's image reaches generation, where TRL fails on the image processor's ``num_crops``).
+engine does, so TRL gets what trajlab's model gets; the env's own class is left as it is. And TRL 1.16 passes all
+that a vision-language model's image processor returns to the model, which Gemma 3's ``num_crops`` makes fail:
+:func:`trl_processing_class` is the processor to give it. With both, a step trains on a first observation's image
+and on a tool's (tests/env/test_trl_images.py, the tiny Gemma 3).
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import itertools
@@ -89,6 +91,53 @@ def _as_content(env_cls: type, name: str) -> Any:
 def _content(value: Any) -> Any:
     """``reset`` may return None (no observation), which stays None."""
     return None if value is None else tool_content(value)
+
+
+def trl_processing_class(processor: Any, model: Any) -> Any:
+    """GRPOTrainer's ``processing_class`` for a vision-language model: ``processor``, except that its image processor,
+    when TRL calls it directly (it does for a tool's images, TRL 1.16), gives only what ``model`` takes as input.
+
+    Why: TRL passes everything the image processor returns to ``generate`` and to the training forward pass, and
+    Gemma 3's also returns ``num_crops`` (for its own text expansion), which ``generate`` refuses. The processor's own
+    ``__call__`` still gets the whole output.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: the wrapped one
+    accepted = frozenset(inspect.signature(type(base).forward).parameters)
+    adapted = copy.copy(processor)
+    adapted.__class__ = _whole_output_inside(type(processor))
+    adapted.image_processor = _ModelInputsOnly(processor.image_processor, accepted)
+    return adapted
+
+
+class _ModelInputsOnly:
+    """An image processor whose outputs are only those a model's forward accepts; anything else it delegates."""
+
+    def __init__(self, inner: Any, accepted: frozenset[str]) -> None:
+        self.inner, self.accepted = inner, accepted
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        output = self.inner(*args, **kwargs)
+        for name in [name for name in output if name not in self.accepted]:
+            del output[name]
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@functools.cache
+def _whole_output_inside(processor_cls: type) -> type:
+    """``processor_cls`` whose ``__call__`` runs with the unfiltered image processor (it reads e.g. ``num_crops``)."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        filtered = self.image_processor
+        self.image_processor = filtered.inner
+        try:
+            return processor_cls.__call__(self, *args, **kwargs)
+        finally:
+            self.image_processor = filtered
+
+    return type(processor_cls.__name__, (processor_cls,), {"__call__": __call__, "__module__": __name__})
 
 
 def env_reward(environments: list[Any], completions: list[Any] | None = None, **_: Any) -> list[float]:
