@@ -9,6 +9,7 @@ Every other model goes through the same `load_model` / `load_tokenizer` (and, fo
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -19,6 +20,7 @@ from contextlib import suppress
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -355,6 +357,21 @@ def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokeniz
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def unwrapped_model(model: Any) -> Any:
+    """The transformers model itself: for a PEFT model, the one it wraps."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def forward_inputs(model: Any) -> frozenset[str]:
+    """The keyword inputs ``model``'s forward takes (a PEFT model's: the wrapped model's), to pass it only those."""
+    return _forward_parameters(type(unwrapped_model(model)))
+
+
+@cache
+def _forward_parameters(model_type: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_type.forward).parameters)
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:

@@ -4,7 +4,6 @@ processor, handed to the sampler, stored beside the trajectory file, and checked
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -31,15 +30,9 @@ from trajlab.rollout.images import decode_png, encode_png
 RED = Image.new("RGB", (64, 64), (220, 30, 30))
 
 
-def _png(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def test_tools_may_return_images_in_every_natural_form() -> None:
     array = np.zeros((8, 8, 3), dtype=np.uint8)
-    for value in (RED, _png(RED), array, [RED], ["a caption", {"type": "image", "image": RED}]):
+    for value in (RED, encode_png(RED)[1], array, [RED], ["a caption", {"type": "image", "image": RED}]):
         content = tool_content(value)
         assert isinstance(content, list) and any(part["type"] == "image" for part in content), value
         assert all(part["image"].mode == "RGB" for part in content if part["type"] == "image")

@@ -29,6 +29,7 @@ from trajlab.env.base import EnvHandle, tool_names
 from trajlab.env.content import tool_content
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
+from trajlab.models import forward_inputs
 
 
 def trl_dataset(env: EnvSpec | EnvMixture, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:
@@ -101,11 +102,9 @@ def trl_processing_class(processor: Any, model: Any) -> Any:
     Gemma 3's also returns ``num_crops`` (for its own text expansion), which ``generate`` refuses. The processor's own
     ``__call__`` still gets the whole output.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: the wrapped one
-    accepted = frozenset(inspect.signature(type(base).forward).parameters)
     adapted = copy.copy(processor)
     adapted.__class__ = _whole_output_inside(type(processor))
-    adapted.image_processor = _ModelInputsOnly(processor.image_processor, accepted)
+    adapted.image_processor = _ModelInputsOnly(processor.image_processor, forward_inputs(model))
     return adapted
 
 

@@ -8,12 +8,12 @@ on the PIL images (decoded from the trajectory's PNG bytes), and, for models tha
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from trajlab.models import forward_inputs, unwrapped_model
 
 
 def image_inputs(model: Any, processor: Any, images: Sequence[Any], input_ids: torch.Tensor) -> dict[str, Any]:
@@ -23,8 +23,7 @@ def image_inputs(model: Any, processor: Any, images: Sequence[Any], input_ids: t
         return {}
     if processor is None:
         raise ValueError(f"{len(images)} image(s) for a model without an image processor (a text model)")
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: the wrapped one
-    accepted = _forward_parameters(type(base))
+    base, accepted = unwrapped_model(model), forward_inputs(model)
     processed = processor.image_processor(images=list(images), return_tensors="pt")
     inputs = {name: value.to(model.device) for name, value in processed.items()
               if name in accepted and isinstance(value, torch.Tensor)}
@@ -36,8 +35,3 @@ def image_inputs(model: Any, processor: Any, images: Sequence[Any], input_ids: t
     if "token_type_ids" in accepted and image_token_id is not None:
         inputs["token_type_ids"] = (input_ids == image_token_id).long().to(model.device)
     return inputs
-
-
-@functools.cache
-def _forward_parameters(model_type: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_type.forward).parameters)
