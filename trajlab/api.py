@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from trajlab.config import (
     CollectSettings,
+    CurriculumSettings,
     DatasetSettings,
     EvalSettings,
     EvolveSettings,
@@ -256,6 +257,7 @@ def rl(
     device: str = "auto",
     dtype: str = "auto",
     report_to: Sequence[str] = (),
+    curriculum: CurriculumSettings | Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> Path:
     """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
@@ -270,10 +272,13 @@ def rl(
         report_to: experiment trackers that also get each step's metrics (:mod:`trajlab.tracking`).
         device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
             loaded in (``ModelSettings``).
+        curriculum: train stage after stage instead (``CurriculumSettings``: ``{"stages": [...]}``); a stage
+            without an env of its own uses ``env``.
         **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
     """
     from trajlab.chat.template import resolve_chat_template
     from trajlab.tracking import require_trackers
+    from trajlab.train.curriculum import Curriculum, build_stages
     from trajlab.train.rl import run_rl
 
     require_trackers(report_to)  # before any model is loaded
@@ -281,6 +286,10 @@ def rl(
     loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
     processor = _load_processor(model, processor)
     chosen_rollout = _settings(RolloutSettings, rollout or {})
+    trained_on: EnvSpec | EnvMixture | Curriculum = _env(env)
+    if curriculum is not None:
+        stages = build_stages(_settings(CurriculumSettings, curriculum), trained_on, chosen_rollout)
+        trained_on = Curriculum(stages, seed=seed)
     sampler = None
     if placed.backend == "vllm" and not chosen_rollout.workers:  # workers start engines of their own
         from trajlab.inference.vllm import VLLMGenerator
@@ -290,7 +299,7 @@ def rl(
                             "(save_pretrained) and pass its path.")
         sampler = VLLMGenerator(model, seed=seed, max_batch_size=chosen_rollout.concurrency,
                                 engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
-    return run_rl(model, loaded, resolve_chat_template(loaded), _env(env), chosen, chosen_rollout, out, seed=seed,
+    return run_rl(model, loaded, resolve_chat_template(loaded), trained_on, chosen, chosen_rollout, out, seed=seed,
                   resume=resume, on_step=on_step, sampler=sampler, device=placed.device, dtype=placed.dtype,
                   backend=placed.backend, report_to=report_to, processor=processor)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -39,7 +40,7 @@ def envs(
             rows.append({"name": name, "unavailable": str(exc)})
             continue
         rows.append({"name": name, "description": spec.description, "tools": spec.tools,
-                     "limits": spec.limits.model_dump()})
+                     "limits": spec.limits.model_dump(), "knobs": [asdict(knob) for knob in spec.knobs]})
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -47,14 +48,16 @@ def envs(
     table.add_column("description", overflow="fold")  # fold, never cut: an unavailable env's install command
     table.add_column("tools")
     table.add_column("default limits")
+    table.add_column("difficulty knobs")
     for row in rows:
         if "unavailable" in row:
-            table.add_row(row["name"], f"[yellow]unavailable:[/] {escape(row['unavailable'])}", "", "")
+            table.add_row(row["name"], f"[yellow]unavailable:[/] {escape(row['unavailable'])}", "", "", "")
             continue
         tools = "\n".join(f"{t['function']['name']}({', '.join(t['function']['parameters'].get('properties', {}))})"
                           for t in row["tools"])
         limits = "\n".join(f"{key} {value:g}" for key, value in row["limits"].items())
-        table.add_row(row["name"], row["description"], tools, limits)
+        knobs = "\n".join(f"{k['name']} {k['default']} ({k['low']}-{k['high']})" for k in row["knobs"])
+        table.add_row(row["name"], row["description"], tools, limits, knobs)
     console.print(table)
 
 

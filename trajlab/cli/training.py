@@ -141,7 +141,8 @@ def rl(
 
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                    on_step=show, device=settings.model.device, dtype=settings.model.dtype,
-                   backend=settings.model.backend, report_to=settings.report_to, **settings.rl.model_dump())
+                   backend=settings.model.backend, report_to=settings.report_to, curriculum=settings.curriculum,
+                   **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 

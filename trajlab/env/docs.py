@@ -33,6 +33,12 @@ def env_page(spec: EnvSpec) -> str:
         lines += [f"Splits: {', '.join(f'`{s}`' for s in spec.splits)}; a task is in one split only. The first "
                   f"`{spec.splits[0]}` task (seed 0), as passed to `reset(**task)`:", "", "```json",
                   json.dumps(example, indent=2), "```", ""]
+    if spec.knobs:
+        lines += ["## Difficulty", "", "Knobs of the task generator, set with `difficulty:` in a run config (or a "
+                  "curriculum stage's); the defaults give the tasks above.", "",
+                  "| knob | default | range | what |", "|---|---|---|---|"]
+        lines += [f"| `{k.name}` | {k.default} | {k.low}-{k.high} | {k.help} |" for k in spec.knobs]
+        lines.append("")
     policy = "`--policy oracle` runs its scripted reference policy" if spec.oracle else "it has no reference policy"
     lines += ["## Run it", "", f"Built in as `{spec.name}`; {policy}.", "", "```console",
               f"$ trajlab collect --env {spec.name} --policy oracle --episodes 100 --out runs/{spec.name}.jsonl"

@@ -8,7 +8,7 @@ their own env's name, and reports break every metric down per env.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,10 +24,16 @@ class EnvMixture:
     """Envs sharing one task stream, one policy and one training run; tasks are routed by their ``env`` column."""
 
     specs: dict[str, EnvSpec]
+    weights: dict[str, float] | None = None
+    """Each env's share of the task stream, relative to the others' (None: equal shares)."""
 
     def __post_init__(self) -> None:
         if len(self.specs) < 2:
             raise ValueError("A mixture needs at least two envs; pass a single env name for one.")
+        if self.weights is not None and (set(self.weights) != set(self.specs)
+                                         or any(w <= 0 for w in self.weights.values())):
+            raise ValueError(f"A mixture's weights give each of its envs ({self.name}) a positive share, got "
+                             f"{self.weights}.")
 
     @property
     def name(self) -> str:
@@ -69,19 +75,50 @@ class EnvMixture:
                              f"({self.name}).")
         return self.specs[name]
 
+    def with_options(self, **knobs: int) -> EnvMixture:
+        """The mixture with each knob set on the envs that have it (see :meth:`EnvSpec.with_options`).
+
+        Raises:
+            ValueError: a knob no env of the mixture has (the message lists theirs), or a bad value.
+        """
+        known = {knob.name for spec in self.specs.values() for knob in spec.knobs}
+        unknown = sorted(set(knobs) - known)
+        if unknown:
+            raise ValueError(f"No env of the mixture {self.name} has the difficulty knob(s) {unknown}; their knobs: "
+                             f"{', '.join(sorted(known)) or 'none'}.")
+        return replace(self, specs={name: spec.with_options(**{k: v for k, v in knobs.items()
+                                                                 if k in {knob.name for knob in spec.knobs}})
+                                    for name, spec in self.specs.items()})
+
     def iter_tasks(self, split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
-        """The envs' tasks of a split, interleaved one per env in turn (an env that runs out drops out)."""
+        """The envs' tasks of a split, interleaved in turn by their weights (equal weights: one per env in turn; an
+        env that runs out drops out).
+
+        Each round credits every env its weight over the largest one, and an env yields a task for each whole unit
+        of credit it holds, in the mixture's order: weights 2 and 1 give a, a, b, a, a, b, ...
+        """
         missing = [name for name, spec in self.specs.items() if split not in spec.splits]
         if missing:
             raise ValueError(f"Split '{split}' is missing from {missing}; the mixture has splits {list(self.splits)}.")
         streams = {name: spec.iter_tasks(split, seed) for name, spec in self.specs.items()}
+        shares = _shares(self.weights or dict.fromkeys(self.specs, 1.0))
+        credit = dict.fromkeys(self.specs, 0.0)
         while streams:
             for name, stream in list(streams.items()):
-                task = next(stream, None)
-                if task is None:
-                    del streams[name]
-                else:
-                    yield {**task, ENV_COLUMN: name}
+                credit[name] += shares[name]
+                while credit[name] >= 1 - 1e-9 and name in streams:
+                    credit[name] -= 1
+                    task = next(stream, None)
+                    if task is None:
+                        del streams[name]
+                    else:
+                        yield {**task, ENV_COLUMN: name}
+
+
+def _shares(weights: Mapping[str, float]) -> dict[str, float]:
+    """Weights over the largest: the heaviest env gets one task per round."""
+    top = max(weights.values())
+    return {name: weight / top for name, weight in weights.items()}
 
 
 def load_envs(names: str | Sequence[str]) -> EnvSpec | EnvMixture:

@@ -1,8 +1,8 @@
 """Environments by name, loaded lazily from ``module:attr`` entry points (Gymnasium's registry pattern).
 
 An env is described by an :class:`EnvSpec`: the env class plus what trajlab needs around it (a task generator with
-a train/test split, an optional scripted reference policy, a default system prompt). Those live outside the env
-class on purpose: every public method of the class is a tool.
+a train/test split, an optional scripted reference policy, a default system prompt, the difficulty knobs its task
+generator takes). Those live outside the env class on purpose: every public method of the class is a tool.
 """
 
 from __future__ import annotations
@@ -19,11 +19,28 @@ from typing import Any
 from trajlab.env.base import tool_names, tool_schemas
 from trajlab.env.limits import EpisodeLimits
 
-TaskGenerator = Callable[[str, int], Iterable[dict[str, Any]]]
-"""``tasks(split, seed)``: the tasks of a split, in a fixed order for a given seed."""
+TaskGenerator = Callable[..., Iterable[dict[str, Any]]]
+"""``tasks(split, seed, **knobs)``: the tasks of a split, in a fixed order for a given seed; ``knobs`` are the
+generator's difficulty settings (:class:`Knob`), each left at its default unless set."""
 
 Oracle = Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]]
 """``oracle(task, messages)``: the next assistant message (content and/or tool_calls) of a scripted policy."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A difficulty setting of an env's task generator (an integer within bounds), e.g. arithmetic's largest operand.
+
+    Declared on the :class:`EnvSpec` so that ``trajlab envs`` and the env's docs page list it, and so that a wrong
+    name or value is refused before any episode runs. Its default reproduces the env's tasks as they were before
+    the knob existed; a task's split never depends on a knob.
+    """
+
+    name: str
+    default: int
+    help: str
+    low: int
+    high: int
 
 
 @dataclass(frozen=True)
@@ -41,6 +58,10 @@ class EnvSpec:
     """Descriptions shown to the model instead of the docstrings' (e.g. evolved by ``trajlab evolve``)."""
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
     """What this env's episodes need (turns, tokens, tool time); used unless the user sets other limits."""
+    knobs: tuple[Knob, ...] = ()
+    """The difficulty knobs ``tasks`` takes as keyword arguments."""
+    options: dict[str, int] = field(default_factory=dict)
+    """The knobs set away from their defaults (:meth:`with_options`); ``iter_tasks`` passes them to ``tasks``."""
 
     @property
     def description(self) -> str:
@@ -70,6 +91,31 @@ class EnvSpec:
         if unknown:
             raise ValueError(f"Environment '{self.name}' has no tool(s) {unknown}; its tools: {', '.join(known)}.")
         return replace(self, tool_descriptions={**self.tool_descriptions, **descriptions})
+
+    def with_options(self, **knobs: int) -> EnvSpec:
+        """This env generating its tasks at the given knob values, every other knob at its default.
+
+        Raises:
+            ValueError: a name that is not one of the env's knobs (the message lists them and the closest), a value
+                outside the knob's bounds, or settings under which a split has no task.
+        """
+        declared = {knob.name: knob for knob in self.knobs}
+        for name, value in knobs.items():
+            if name not in declared:
+                close = difflib.get_close_matches(name, declared, n=1)
+                hint = f" Did you mean '{close[0]}'?" if close else ""
+                listed = ", ".join(declared) if declared else "none"
+                raise ValueError(f"Environment '{self.name}' has no difficulty knob '{name}'.{hint} Its knobs: "
+                                 f"{listed}.")
+            knob = declared[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not knob.low <= value <= knob.high:
+                raise ValueError(f"{self.name} knob '{name}' is an integer from {knob.low} to {knob.high}, got "
+                                 f"{value!r}.")
+        spec = replace(self, options={name: value for name, value in knobs.items() if value != declared[name].default})
+        for split in spec.splits:
+            if next(iter(spec.iter_tasks(split)), None) is None:
+                raise ValueError(f"Environment '{self.name}' has no {split} task at {knobs}.")
+        return spec
 
     def make(self) -> Any:
         """A fresh env instance: one per episode, never shared."""
@@ -105,7 +151,7 @@ class EnvSpec:
             )
         if split not in self.splits:
             raise ValueError(f"Environment '{self.name}' has splits {list(self.splits)}, not '{split}'.")
-        yield from self.tasks(split, seed)
+        yield from self.tasks(split, seed, **self.options)
 
 
 _REGISTRY: dict[str, str] = {

@@ -27,6 +27,7 @@ from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model, load_processor, load_tokenizer
 from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
+from trajlab.train.curriculum import build_stages
 
 Log = Callable[[str], None]
 ProgressFor = Callable[[str], AbstractContextManager[api.Progress | None]]
@@ -45,6 +46,8 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     _require_extras(config)
     env = config.env_spec()
+    if config.curriculum is not None and "rl" in config.stages:  # a bad stage fails now, not after the stages before
+        build_stages(config.curriculum, env, config.rollout)
     base = resolve_model(config, log)
 
     current, label, reports = base, "untrained" if config.model.path is None else "base", []
@@ -157,12 +160,15 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
         log(f"rl: already done ({final})")
         return final
 
+    names = [stage.name for stage in config.curriculum.stages] if config.curriculum else []
+
     def show(record: dict[str, float]) -> None:
-        log(f"rl step {record['step']:>3}/{config.rl.steps}: reward {record['reward/mean']:.3f} "
+        stage = f" [{names[int(record['curriculum/stage'])]}]" if "curriculum/stage" in record else ""
+        log(f"rl step {record['step']:>3}/{config.rl.steps}{stage}: reward {record['reward/mean']:.3f} "
             f"success {record['rollout/success_rate']:.3f} "
             f"zero-var groups {record['rollout/zero_variance_groups']:.2f} kl {record['loss/kl']:.4f} "
             f"entropy {record['loss/entropy']:.3f} {record['perf/tokens_per_s']:.0f} tok/s")
 
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  backend=config.model.backend, report_to=config.report_to, **_placement(config),
-                  **config.rl.model_dump())
+                  backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
+                  **_placement(config), **config.rl.model_dump())

@@ -19,7 +19,9 @@ each minibatch are dealt round-robin to the processes, so the averaged gradient 
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import itertools
 import json
 import logging
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import broadcast_object_list, gather_object, set_seed
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
@@ -47,7 +49,7 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.pixels import image_inputs
 from trajlab.models import load_model
 from trajlab.rollout.drift import check_token_drift
-from trajlab.rollout.engine import Episode, MixtureEngine, make_engine
+from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
 from trajlab.rollout.rewards import score
 from trajlab.rollout.types import Trajectory, task_id
 from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
@@ -59,6 +61,7 @@ from trajlab.train.advantages import (
     turn_rewards_with_terminal,
     turn_starts,
 )
+from trajlab.train.curriculum import Curriculum, heldout_success
 from trajlab.train.feed import RolloutFeed
 from trajlab.train.logprobs import chosen_logprobs
 from trajlab.train.lora import lora_config
@@ -74,7 +77,7 @@ def run_rl(
     model_dir: str | Path | PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     chat_template: str,
-    env: EnvSpec | EnvMixture,
+    env: EnvSpec | EnvMixture | Curriculum,
     settings: RLSettings,
     rollout: RolloutSettings,
     out_dir: str | Path,
@@ -89,9 +92,9 @@ def run_rl(
     report_to: Sequence[str] = (),
     processor: Any = None,
 ) -> Path:
-    """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks; returns
-    ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` / ``model.dtype``: the policy,
-    the reference and the rollouts' generator (the policy itself) share them.
+    """Train ``model_dir`` (a directory or a loaded model) with RL on ``env``'s train tasks, or on a curriculum's
+    stage after stage; returns ``out_dir/final`` (LoRA merged). ``device`` and ``dtype`` are ``model.device`` /
+    ``model.dtype``: the policy, the reference and the rollouts' generator (the policy itself) share them.
 
     ``sampler`` rolls out instead of the model being trained (None: an ``HFGenerator`` over it, on-policy); one
     that takes weights (the vllm backend) gets the trainer's after every optimizer step (see ``_synced_sampler``).
@@ -100,12 +103,18 @@ def run_rl(
     ``out_dir/metrics.jsonl``, ``on_step`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`).
     ``processor``: a vision-language model's (``trajlab.models.load_processor``): episodes may then show it images,
     which the sampler and every forward pass of the update get the same way (:mod:`trajlab.inference.pixels`).
+    A curriculum (:mod:`trajlab.train.curriculum`) adds ``curriculum/...`` to each step's metrics, each promotion to
+    ``out_dir/curriculum.jsonl`` and its state to the checkpoint.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     where = training_device(device)
     # The scheduler counts optimizer steps: accelerate would otherwise step a prepared one once per process.
     accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
+    curriculum = env if isinstance(env, Curriculum) else Curriculum.single(env, rollout.limit_overrides(), seed=seed)
+    if rollout.workers and curriculum.staged:
+        raise UserError("a curriculum changes envs and limits between steps, which rollout workers start with: set "
+                        "rollout.workers: 0 to train with a curriculum.")
     if rollout.workers and accelerator.num_processes > 1:
         raise UserError("rollout.workers runs rollouts on Ray actors from one trainer process; under "
                         f"{accelerator.num_processes} processes (accelerate launch) set rollout.workers: 0, and each "
@@ -138,47 +147,64 @@ def run_rl(
     generator = sampler if sampler is not None else HFGenerator(behaviour or model, tokenizer,
                                                                   max_batch_size=rollout.concurrency,
                                                                   processor=processor)
-    env, system_prompt = rollout.prompted(env)
+    prompted = [rollout.prompted(stage.env) for stage in curriculum.stages]
+    envs, system_prompt = [env for env, _ in prompted], prompted[0][1]
     parser = get_parser(rollout.parser, tokenizer)
-    engine = make_engine(
-        env,
-        generator,
-        tokenizer,
-        chat_template=chat_template,
-        parser=parser,
-        # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
-        # exactly what _token_logprobs recomputes for the ratio
-        sampling=SamplingParams(temperature=settings.temperature),
-        limits=rollout.limit_overrides(),
-        system_prompt=system_prompt,
-        seed=seed,
-        processor=processor,
-    )
-    # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode can have.
-    engines = engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]
-    token_budget = max(e.limits.max_turns * e.limits.max_new_tokens for e in engines)
 
-    workers = (_rollout_workers(model_dir, env, system_prompt, settings, rollout, out_dir, seed=seed, backend=backend,
-                                device=device, dtype=dtype) if rollout.workers else None)
-    runner = workers if workers is not None else engine
+    def engine_for(stage: int, by: Generator, temperature: float) -> RolloutEngine | MixtureEngine:
+        """The engine of a stage's env and limits, sampling from ``by``."""
+        return make_engine(envs[stage], by, tokenizer, chat_template=chat_template, parser=parser,
+                           sampling=SamplingParams(temperature=temperature), limits=curriculum.stages[stage].limits,
+                           system_prompt=system_prompt, seed=seed, processor=processor)
+
+    # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
+    # exactly what _token_logprobs recomputes for the ratio
+    engines = [engine_for(stage, generator, settings.temperature) for stage in range(len(envs))]
+    # Dr.GRPO normalises the token sum by a constant: the most model tokens an episode of any stage can have.
+    token_budget = max(e.limits.max_turns * e.limits.max_new_tokens for engine in engines
+                       for e in (engine.engines.values() if isinstance(engine, MixtureEngine) else [engine]))
+
+    workers = (_rollout_workers(model_dir, envs[0], system_prompt, settings, rollout, out_dir, seed=seed,
+                                backend=backend, device=device, dtype=dtype) if rollout.workers else None)
     synced = workers if workers is not None else generator  # what samples, and may hold weights of its own
-    start = _resume(accelerator, out_dir) if resume else 0
+    start, state = _resume(accelerator, out_dir) if resume else (0, {})
     if start:  # the sampler started from model_dir, not the checkpoint
         _publish(synced, behaviour, model)
-    tasks = _task_stream(env, seed, skip=start * settings.tasks_per_step)
+    if curriculum.staged and "curriculum" in state:
+        curriculum.restore(state["curriculum"])
     # The hf backend samples from the very model being trained; any other sampler, or older weights, need the
     # correction.
     other_sampler = sampler is not None or workers is not None or settings.max_staleness > 0
     correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto" and other_sampler)
     plans: dict[int, list[list[Episode]]] = {}
+    stage_of: dict[int, int] = {}  # the curriculum stage each step's tasks came from
 
     async def rollouts(step: int) -> list[Trajectory]:
         """This process's share of the step's tasks, group_size rollouts each."""
-        step_tasks = [next(tasks) for _ in range(settings.tasks_per_step)]
+        stage_of[step], step_tasks = curriculum.draw(step, settings.tasks_per_step)
         plans[step] = [_group_episodes(step, i, task, settings.group_size) for i, task in enumerate(step_tasks)]
         mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
+        runner = workers if workers is not None else engines[stage_of[step]]
         return await runner.run([e for i in mine for e in plans[step][i]], concurrency=rollout.concurrency,
                                 retries=rollout.retries, retry_backoff_s=rollout.retry_backoff_s)
+
+    @functools.cache
+    def evaluator() -> Generator:
+        """What held-out evaluations sample from (made at the first): the trained weights, so the sampler in the
+        synchronous loop, the policy itself when the sampler is a behaviour copy that lags behind."""
+        return generator if behaviour is None else HFGenerator(model, tokenizer, max_batch_size=rollout.concurrency,
+                                                               processor=processor)
+
+    def heldout(stage: int) -> float:
+        """The stage's held-out success, greedy; measured by the main process and shared with the others."""
+        value = None
+        if accelerator.is_main_process:
+            with feed.sampler_lock, engine_for(stage, evaluator(), 0.0) as judge:
+                value = asyncio.run(heldout_success(
+                    judge, curriculum.heldout_tasks(stage), curriculum.stages[stage].heldout_split,
+                    f"curriculum:{curriculum.stages[stage].name}:{curriculum.steps}", concurrency=rollout.concurrency,
+                    retries=rollout.retries, retry_backoff_s=rollout.retry_backoff_s))
+        return broadcast_object_list([value])[0] if accelerator.num_processes > 1 else value
 
     model.eval()
     outputs = ExitStack()  # what the main process writes: closed with the run
@@ -189,6 +215,8 @@ def run_rl(
     main = accelerator.is_main_process
     metrics_file = outputs.enter_context((out_dir / "metrics.jsonl").open("a")) if main else None
     rollouts_file = outputs.enter_context(TrajectoryStore(out_dir / ROLLOUTS_FILE)) if main else None
+    promotions_file = (outputs.enter_context((out_dir / CURRICULUM_FILE).open("a")) if main and curriculum.staged
+                       else None)
     feed = RolloutFeed(rollouts, start=start, steps=settings.steps, max_staleness=settings.max_staleness,
                        calls=lambda: synced.batches)
     try:
@@ -232,6 +260,8 @@ def run_rl(
             ended = time.perf_counter()
             model.eval()
             overlap_s = feed.timeline.overlap(started, ended, now=ended)
+            # the stage's rule, before the next step's rollouts may start: a promotion is in effect for them
+            stage_metrics, promotion = curriculum.observe(step, stage_of.pop(step), trajectories, heldout)
             # synchronous, the weights went to the sampler on leaving _synced_sampler
             feed.trained(step + 1, lambda: _publish(synced, behaviour, model) if settings.max_staleness else None)
 
@@ -245,6 +275,8 @@ def run_rl(
                        "rollout_wait_s": waited, "overlap_s": overlap_s}
             if workers is not None:
                 record["workers_replaced"] = workers.replaced
+            if curriculum.staged:
+                record |= stage_metrics
             record = namespaced(record)
             if metrics_file is not None:
                 metrics_file.write(json.dumps(record) + "\n")
@@ -252,12 +284,20 @@ def run_rl(
                 trackers.log(record, step=step + 1)
                 if on_step:
                     on_step(record)
+            if promotion is not None and promotions_file is not None:
+                line = promotion.record(curriculum.stages)
+                logger.info("curriculum: after step %d, stage %s -> %s (%s %.3f)", line["step"], line["from"],
+                            line["to"], line["rule"], line["value"])
+                promotions_file.write(json.dumps(line) + "\n")
+                promotions_file.flush()
             if (step + 1) % settings.save_steps == 0 or step + 1 == settings.steps:
-                _checkpoint(accelerator, out_dir, step + 1)
+                _checkpoint(accelerator, out_dir, step + 1,
+                            {"curriculum": curriculum.state()} if curriculum.staged else {})
     finally:
         feed.close()
         outputs.close()
-        engine.close()
+        for engine in engines:
+            engine.close()
         if workers is not None:
             workers.close()
 
@@ -300,6 +340,8 @@ def _publish(sampler: Generator | RayRolloutRunner, behaviour: torch.nn.Module |
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 """Every step's trajectories, in ``out_dir``: what the update saw, for ``trajlab report``."""
+CURRICULUM_FILE = "curriculum.jsonl"
+"""A curriculum's promotions, in ``out_dir``: one line each (step, from, to, rule, value)."""
 
 
 def _record_rollouts(store: TrajectoryStore, step: int, trajectories: list[Trajectory], rewards: list[float],
@@ -341,7 +383,7 @@ METRIC_NAMES = {
 }
 """An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (README, "Metrics")."""
 METRIC_PREFIXES = {"reward/": "reward/", "mismatch/": "mismatch/", "staleness/": "rollout/staleness/",
-                   "per_env/": "rollout/per_env/"}
+                   "per_env/": "rollout/per_env/", "curriculum/": "curriculum/"}
 
 
 def namespaced(record: dict[str, float]) -> dict[str, float]:
@@ -374,11 +416,6 @@ def _rollout_workers(model_dir: str | Path | PreTrainedModel, env: EnvSpec | Env
     return RayRolloutRunner(spec, rollout.workers, address=rollout.ray_address, run_dir=out_dir,
                             worker_gpus=rollout.worker_gpus,
                             concurrency=rollout.concurrency)
-
-
-def _task_stream(env: EnvSpec | EnvMixture, seed: int, skip: int) -> Iterator[dict[str, Any]]:
-    """Train tasks in a fixed order (cycled), positioned after the tasks earlier steps used."""
-    return itertools.islice(itertools.cycle(env.iter_tasks("train", seed)), skip, None)
 
 
 def _group_episodes(step: int, index: int, task: dict[str, Any], group_size: int) -> list[Episode]:
@@ -826,22 +863,25 @@ def _step_metrics(
     return record
 
 
-def _checkpoint(accelerator: Accelerator, out_dir: Path, step: int) -> None:
-    """Write the state to a temp dir, then swap it in: a crash mid-save never destroys the last checkpoint."""
+def _checkpoint(accelerator: Accelerator, out_dir: Path, step: int, extra: dict[str, Any]) -> None:
+    """Write the state (with ``extra``, e.g. the curriculum's) to a temp dir, then swap it in: a crash mid-save never
+    destroys the last checkpoint."""
     final, partial = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.partial"
     accelerator.save_state(str(partial))
     if accelerator.is_main_process:
-        (partial / "trajlab_state.json").write_text(json.dumps({"step": step}))
+        (partial / "trajlab_state.json").write_text(json.dumps({"step": step} | extra))
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
     accelerator.wait_for_everyone()
 
 
-def _resume(accelerator: Accelerator, out_dir: Path) -> int:
+def _resume(accelerator: Accelerator, out_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The steps a checkpoint holds (its weights and optimizer loaded) and its saved state; none: (0, {})."""
     checkpoint = out_dir / CHECKPOINT
     if not (checkpoint / "trajlab_state.json").exists():
         logger.info("No RL checkpoint in %s: starting from step 0.", out_dir)
-        return 0
+        return 0, {}
     accelerator.load_state(str(checkpoint))
-    return json.loads((checkpoint / "trajlab_state.json").read_text())["step"]
+    state = json.loads((checkpoint / "trajlab_state.json").read_text())
+    return state["step"], state

@@ -14,10 +14,10 @@ from typing import Any
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
 from trajlab.env.limits import EpisodeLimits
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Knob
 
 SYMBOLS = {"add": "+", "subtract": "-", "multiply": "*"}
-MAX_OPERAND = 9
+MIN_OPERAND, MAX_OPERAND = 1, 9
 
 
 class Arithmetic(Environment):
@@ -93,13 +93,18 @@ def make_task(a: int, b: int, c: int, first: str, second: str) -> dict[str, Any]
     return {"question": question, "a": a, "b": b, "c": c, "ops": [first, second], "answer": answer}
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Tasks of one split, endless and without repeats; membership depends on the task only, never on the seed."""
+def tasks(split: str, seed: int = 0, min_operand: int = MIN_OPERAND,
+          max_operand: int = MAX_OPERAND) -> Iterator[dict[str, Any]]:
+    """Tasks of one split, without repeats, operands drawn from ``min_operand`` to ``max_operand``; membership
+    depends on the task only, never on the seed or the operand range (a task is in the same split at any range that
+    holds it)."""
+    if min_operand > max_operand:
+        raise ValueError(f"arithmetic: min_operand {min_operand} is above max_operand {max_operand}.")
     rng = random.Random(seed)
     seen: set[str] = set()
-    total = MAX_OPERAND**3 * len(SYMBOLS) ** 2
+    total = (max_operand - min_operand + 1) ** 3 * len(SYMBOLS) ** 2
     while len(seen) < total:
-        a, b, c = (rng.randint(1, MAX_OPERAND) for _ in range(3))
+        a, b, c = (rng.randint(min_operand, max_operand) for _ in range(3))
         first, second = rng.choice(list(SYMBOLS)), rng.choice(list(SYMBOLS))
         task = make_task(a, b, c, first, second)
         key = task["question"]
@@ -139,6 +144,12 @@ SYSTEM_PROMPT = (
     "then submit the final value."
 )
 
+# Larger operands are harder for a small model: more digits to copy from the question and tool results into calls.
+KNOBS = (
+    Knob("min_operand", MIN_OPERAND, "smallest operand", 1, 99),
+    Knob("max_operand", MAX_OPERAND, "largest operand", 1, 99),
+)
+
 # Three tool calls solve a task; the other turns are room for a mistake or two.
 SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128))
+               limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128), knobs=KNOBS)

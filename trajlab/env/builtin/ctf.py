@@ -35,19 +35,21 @@ import hmac
 import random
 import weakref
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 from trajlab.env.base import Environment
 from trajlab.env.builtin._split import split_of
-from trajlab.env.builtin.ctf_challenges import KINDS, MAX_ENCRYPT_QUERIES, challenge, new_flag
+from trajlab.env.builtin.ctf_challenges import KINDS, MAX_ENCRYPT_QUERIES, SAMPLE_FLAG, challenge, new_flag
 from trajlab.env.builtin.ctf_oracle import oracle
 from trajlab.env.limits import EpisodeLimits
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Knob
 from trajlab.sandbox import Sandbox, SandboxLimits, SandboxResult, require_strong_isolation
 from trajlab.sandbox.pool import shared_pool
 
 TASKS_PER_KIND = 400
 MAX_WRONG_SUBMISSIONS = 3
+MIN_LAYERS, MAX_LAYERS = 3, 5  # an encoding challenge's layers, fixed by its layout seed
 
 # The model's commands: generous enough for python3 and pipelines, small enough that a fork bomb or a busy loop
 # ends within the episode's 10 s tool timeout (LIMITS). Where the sandbox has a disk quota, it is a tmpfs
@@ -233,16 +235,28 @@ def describe(result: SandboxResult, limits: SandboxLimits) -> str:
     return f"{text.rstrip()}\n[{status}]" if text.strip() else f"[{status}; no output]"
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int = 0, min_layers: int = MIN_LAYERS, max_layers: int = MAX_LAYERS
+          ) -> Iterator[dict[str, Any]]:
     """Tasks of one split in a seeded order: 400 layouts per kind, each in one split only (by the hash of its id).
 
     A task names a kind and a layout seed only; the flag (and a cipher's key) is drawn anew in every ``reset``.
+    ``min_layers`` and ``max_layers`` keep the encoding challenges with that many layers (the other kinds have none).
     """
+    if min_layers > max_layers:
+        raise ValueError(f"ctf: min_layers {min_layers} is above max_layers {max_layers}.")
     chosen = [{"task_id": f"ctf-{kind}-{number:03d}", "kind": kind, "seed": number}
               for kind in KINDS for number in range(TASKS_PER_KIND)]
-    chosen = [task for task in chosen if split_of(task["task_id"]) == split]
+    chosen = [task for task in chosen if split_of(task["task_id"]) == split and (
+        task["kind"] != "encoding" or min_layers <= encoding_layers(task["seed"]) <= max_layers)]
     random.Random(seed).shuffle(chosen)
     yield from chosen
+
+
+@cache
+def encoding_layers(seed: int) -> int:
+    """How many layers of encoding the encoding challenge of a layout seed has (its layout does not depend on the
+    flag)."""
+    return len(challenge("encoding", seed, SAMPLE_FLAG).facts["chain"])
 
 
 SYSTEM_PROMPT = (
@@ -260,4 +274,11 @@ SYSTEM_PROMPT = (
 # the sandbox stops a command (and says so) before the engine gives up on the call.
 LIMITS = EpisodeLimits(max_turns=12, max_episode_tokens=4096, max_new_tokens=256, tool_timeout_s=10.0)
 
-SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, limits=LIMITS)
+# Every layer of an encoding challenge is one more command to find and run on the last one's output.
+KNOBS = (
+    Knob("min_layers", MIN_LAYERS, "fewest layers of an encoding challenge", MIN_LAYERS, MAX_LAYERS),
+    Knob("max_layers", MAX_LAYERS, "most layers of an encoding challenge", MIN_LAYERS, MAX_LAYERS),
+)
+
+SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, limits=LIMITS,
+               knobs=KNOBS)

@@ -32,7 +32,7 @@ from typing import Any
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
 from trajlab.env.limits import EpisodeLimits
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Knob
 
 STEP_S = 0.5  # simulated time every tool call takes before its action
 BRAKE_MS2 = 7.0  # emergency braking deceleration, m/s^2 (about 0.7 g)
@@ -45,6 +45,7 @@ SPEEDS = range(16, 31)  # m/s (58 to 108 km/h)
 TIMES_TO_COLLISION = [tenths / 10 for tenths in range(14, 29)]  # s at the start, for the pedestrian in the car's lane
 PARKED_CAR_M = 20.0  # where a parked car blocks another lane
 KINDS = {"pedestrian": "p", "parked car": "c"}  # kind: its letter in task ids
+MAX_HAZARDS = 3  # one per lane of a 3-lane road
 
 
 @dataclass(frozen=True)
@@ -274,13 +275,17 @@ def scenarios() -> Iterator[dict[str, Any]]:
                        "speed": speed, "hazards": hazards}
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Tasks of one split in a seeded order: the layouts the reference policy gets through with a margin.
+def tasks(split: str, seed: int = 0, min_hazards: int = 1, max_hazards: int = MAX_HAZARDS) -> Iterator[dict[str, Any]]:
+    """Tasks of one split in a seeded order: the layouts with ``min_hazards`` to ``max_hazards`` hazards that the
+    reference policy gets through with a margin.
 
-    A layout belongs to one split only (by the hash of its id), whatever the seed.
+    A layout belongs to one split only (by the hash of its id), whatever the seed or the knobs.
     """
+    if min_hazards > max_hazards:
+        raise ValueError(f"driving: min_hazards {min_hazards} is above max_hazards {max_hazards}.")
     chosen = [task for task in scenarios()
-              if split_of(task["task_id"]) == split and plan(first_scene(task))[0] >= MIN_MARGIN_M]
+              if split_of(task["task_id"]) == split and min_hazards <= len(task["hazards"]) <= max_hazards
+              and plan(first_scene(task))[0] >= MIN_MARGIN_M]
     random.Random(seed).shuffle(chosen)
     yield from chosen
 
@@ -300,6 +305,14 @@ SYSTEM_PROMPT = (
     "every tool call takes time while the car keeps moving. Hit nobody and nothing, and keep a margin."
 )
 
+# Each hazard beside the car's lane takes away a way out: with one, every other lane is free; with three, none is,
+# and the car must brake in time.
+KNOBS = (
+    Knob("min_hazards", 1, "fewest pedestrians and parked cars on the road", 1, MAX_HAZARDS),
+    Knob("max_hazards", MAX_HAZARDS, "most pedestrians and parked cars on the road", 1, MAX_HAZARDS),
+)
+
 # The episode ends after MAX_TOOL_CALLS calls at the latest.
 SPEC = EnvSpec(name="driving", env_cls=Driving, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=MAX_TOOL_CALLS + 2, max_episode_tokens=2048, max_new_tokens=128))
+               limits=EpisodeLimits(max_turns=MAX_TOOL_CALLS + 2, max_episode_tokens=2048, max_new_tokens=128),
+               knobs=KNOBS)

@@ -9,9 +9,11 @@ from typing import Any
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
 from trajlab.env.limits import EpisodeLimits
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Knob
 
-HIGHS = (16, 32, 64, 100)
+RANGES = (4, 8, 16, 32, 64, 100)
+"""The ranges' upper ends a task may have (from 1): the knobs pick those between ``min_high`` and ``max_high``."""
+MIN_HIGH, MAX_HIGH = 16, 100
 
 
 class GuessNumber(Environment):
@@ -45,13 +47,18 @@ class GuessNumber(Environment):
         return "Higher." if n < self.secret else "Lower."
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Tasks of one split; a (range, secret) pair belongs to one split only, whatever the seed."""
+def tasks(split: str, seed: int = 0, min_high: int = MIN_HIGH, max_high: int = MAX_HIGH) -> Iterator[dict[str, Any]]:
+    """Tasks of one split, ranges from 1 to each of ``RANGES`` between ``min_high`` and ``max_high``; a (range,
+    secret) pair belongs to one split only, whatever the seed or the knobs."""
+    highs = tuple(high for high in RANGES if min_high <= high <= max_high)
+    if not highs:
+        raise ValueError(f"guess: no range ends between min_high {min_high} and max_high {max_high}; ranges end at "
+                         f"{', '.join(map(str, RANGES))}.")
     rng = random.Random(seed)
     seen: set[tuple[int, int]] = set()
-    total = sum(HIGHS)
+    total = sum(highs)
     while len(seen) < total:
-        high = rng.choice(HIGHS)
+        high = rng.choice(highs)
         secret = rng.randint(1, high)
         if (high, secret) in seen:
             continue
@@ -77,6 +84,13 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
 
 SYSTEM_PROMPT = "You play a guessing game. Use the guess tool; read each hint and narrow the range."
 
+# A wider range needs more guesses, each read from the last hint (the guess budget grows with it by one per doubling).
+KNOBS = (
+    Knob("min_high", MIN_HIGH, f"smallest upper end of a task's range (ends: {', '.join(map(str, RANGES))})",
+         RANGES[0], RANGES[-1]),
+    Knob("max_high", MAX_HIGH, "largest upper end of a task's range", RANGES[0], RANGES[-1]),
+)
+
 # At most 8 guesses (a range up to 100), plus room for a malformed call or two.
 SPEC = EnvSpec(name="guess", env_cls=GuessNumber, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=10, max_episode_tokens=2048, max_new_tokens=128))
+               limits=EpisodeLimits(max_turns=10, max_episode_tokens=2048, max_new_tokens=128), knobs=KNOBS)

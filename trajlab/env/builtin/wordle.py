@@ -18,7 +18,7 @@ from typing import Any
 from trajlab.env.base import Environment, tool_call_message
 from trajlab.env.builtin._split import split_of
 from trajlab.env.limits import EpisodeLimits
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Knob
 
 WORD_LENGTH = 5
 MAX_GUESSES = 6
@@ -125,14 +125,16 @@ class Wordle(Environment):
         return f"Invalid guess: {problem}. It did not count; {_guesses(left)} left."
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """Tasks of one split in a seeded order; a secret belongs to one split only, whatever the seed."""
+def tasks(split: str, seed: int = 0, max_guesses: int = MAX_GUESSES) -> Iterator[dict[str, Any]]:
+    """Tasks of one split in a seeded order; a secret belongs to one split only, whatever the seed or the guesses
+    allowed (a task with fewer guesses is another task, with its own id)."""
     order = list(WORDS)
     random.Random(seed).shuffle(order)
     for secret in order:
         task_id = f"wordle-{secret}"
         if split_of(task_id) == split:
-            yield {"task_id": task_id, "secret": secret, "max_guesses": MAX_GUESSES}
+            suffix = "" if max_guesses == MAX_GUESSES else f"-g{max_guesses}"
+            yield {"task_id": task_id + suffix, "secret": secret, "max_guesses": max_guesses}
 
 
 @cache
@@ -172,6 +174,11 @@ SYSTEM_PROMPT = (
     "only guess words that fit all the feedback so far."
 )
 
+# The word list holds five-letter words only, so the difficulty is the guess budget: fewer guesses leave less room
+# to learn from feedback (the reference policy needs up to 6). Never more than 6, which the turn limit allows.
+KNOBS = (Knob("max_guesses", MAX_GUESSES, "guesses allowed per word", 1, MAX_GUESSES),)
+
 # Six guesses, plus room for a malformed call or two.
 SPEC = EnvSpec(name="wordle", env_cls=Wordle, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=MAX_GUESSES + 2, max_episode_tokens=2048, max_new_tokens=128))
+               limits=EpisodeLimits(max_turns=MAX_GUESSES + 2, max_episode_tokens=2048, max_new_tokens=128),
+               knobs=KNOBS)
