@@ -10,43 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-
-def run_seed(config: Path, seed: int, run_dir: Path) -> tuple[list[dict], float]:
-    started = time.perf_counter()
-    command = [sys.executable, "-m", "trajlab.cli", "run", str(config), "--run-dir", str(run_dir),
-               "--set", f"seed={seed}", "--set", f"model.init_seed={seed}"]
-    subprocess.run(command, check=True)
-    return json.loads((run_dir / "results.json").read_text()), time.perf_counter() - started
-
-
-def spread(values: list[float]) -> str:
-    mean = statistics.mean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.3f} ± {std:.3f}"
-
-
-def task_changes(before: dict, after: dict) -> tuple[int, int]:
-    """Held-out tasks fixed and broken between two evaluations of the same tasks (greedy: one episode each)."""
-    solved = {t["task_id"]: t["successes"] == t["n"] for t in before["tasks"]}
-    now = {t["task_id"]: t["successes"] == t["n"] for t in after["tasks"]}
-    common = solved.keys() & now.keys()
-    return sum(now[k] and not solved[k] for k in common), sum(solved[k] and not now[k] for k in common)
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    """Two-sided exact sign (McNemar) test: how likely so lopsided a split is if RL only moved errors around."""
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    probabilities = [math.comb(n, k) / 2**n for k in range(n + 1)]
-    return min(1.0, sum(p for p in probabilities if p <= probabilities[fixed] * (1 + 1e-9)))
+from _seeds import run_seed, sign_test, spread, task_changes
 
 
 def main() -> None:

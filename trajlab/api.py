@@ -84,7 +84,8 @@ def collect(
         on_progress: called as episodes finish.
         device, dtype: where a model-directory policy is loaded and in what dtype (``ModelSettings``: auto, cpu,
             cuda, cuda:N; auto, float32, bfloat16, float16).
-        **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``.
+        **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``,
+            ``reference_noise`` (with the ``"oracle"`` policy: imperfect demonstrations).
     """
     from trajlab.recipes.collect import collect as run_collection
     from trajlab.recipes.collect import collected
@@ -94,7 +95,8 @@ def collect(
         config = _collect_config(env, policy, path, tokenizer=tokenizer, tasks=tasks, seed=seed,
                                  rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
                                  split=chosen.split, samples_per_task=chosen.samples_per_task,
-                                 temperature=chosen.temperature, model=_model(device, dtype, backend))
+                                 temperature=chosen.temperature, model=_model(device, dtype, backend),
+                                 reference_noise=chosen.reference_noise)
         run_collection(config, on_progress=on_progress)
         return collected(config)
 
@@ -353,7 +355,7 @@ def evolve(
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
                     tasks: Sequence[Mapping[str, Any]] | str | Path | None, seed: int, rollout: RolloutSettings,
                     episodes: int, split: str, samples_per_task: int, temperature: float,
-                    model: ModelSettings) -> Any:
+                    model: ModelSettings, reference_noise: float = 0.0) -> Any:
     from trajlab.inference.base import SamplingParams
     from trajlab.recipes.collect import CollectConfig
 
@@ -367,7 +369,7 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         worker_gpus=rollout.worker_gpus,
         system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
-        device=model.device, dtype=model.dtype, backend=model.backend,
+        device=model.device, dtype=model.dtype, backend=model.backend, reference_noise=reference_noise,
     )
 
 

@@ -128,6 +128,11 @@ class CollectSettings(Section):
     """Episodes per task."""
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature (0: greedy)."""
+    reference_noise: float = Field(0.0, ge=0, le=1)
+    """Imperfect demonstrations: the reference policy (policy oracle) makes a plausible wrong call, derived from the
+    tool schemas, in this share of the situations it meets, the same one whenever it meets a situation again
+    (seeded by seed). Each trajectory records it in metrics reference_noise and reference_noise/turns. 0: the
+    reference as it is."""
 
 
 class LoraSettings(Section):

@@ -1,8 +1,9 @@
 """The collect recipe: roll out a policy on an env's tasks and append the trajectories to a store.
 
 Episode ids are derived from the command (env, split, seed, task id and a hash of the task's content, sample, and a
-hash of a replaced system prompt or tool descriptions), so running the same command again after a crash runs only
-the episodes that are missing, and those that ended in ``error``, and ends with exactly the requested number.
+hash of a replaced system prompt or tool descriptions, and the reference noise), so running the same command again
+after a crash runs only the episodes that are missing, and those that ended in ``error``, and ends with exactly the
+requested number.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from trajlab.chat.parsers import get_parser
 from trajlab.data.store import StoreError, TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
+from trajlab.env.noisy import NoisyReference
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
 from trajlab.errors import UserError
@@ -59,6 +61,7 @@ class CollectConfig:
     device: str = "auto"  # model.device and model.dtype, for a model-directory policy
     dtype: str = "auto"
     backend: str = "hf"  # what generates for a model-directory policy: hf or vllm (ModelSettings.backend)
+    reference_noise: float = 0.0  # CollectSettings.reference_noise: the oracle errs in this share of situations
 
 
 def plan_episodes(config: CollectConfig) -> list[Episode]:
@@ -82,6 +85,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         raise ValueError(f"Environment '{config.env.name}' has no tasks in split '{config.split}'.")
     tag = prompt_tag(config.system_prompt, config.env)
     tag = f":prompt-{tag}" if tag else ""  # another system prompt or tool descriptions make other episodes
+    if config.reference_noise:
+        tag += f":noise-{config.reference_noise:g}"  # so do the noisy reference's demonstrations
     episodes = []
     for index in range(config.episodes):
         # Each task gets samples_per_task consecutive episodes; a short task list is cycled with new sample numbers.
@@ -117,18 +122,46 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
     return sorted((t for t in read_trajectories(config.out) if t.id in order), key=lambda t: order[t.id])
 
 
-def build_policy(config: CollectConfig) -> Policy:
-    """The generator, tokenizer and chat template of ``config.policy``."""
-    return load_policy(config.policy, tokenizer=config.tokenizer, oracle=config.env.oracle, device=config.device,
-                       dtype=config.dtype, backend=config.backend, vision=config.env.shows_images)
+def build_policy(config: CollectConfig, reference: NoisyReference | None = None) -> Policy:
+    """The generator, tokenizer and chat template of ``config.policy``; for the oracle with ``reference_noise``,
+    ``reference`` (default: :func:`noisy_reference`)."""
+    reference = reference or noisy_reference(config)
+    policy = load_policy(config.policy, tokenizer=config.tokenizer, oracle=reference or config.env.oracle,
+                         device=config.device, dtype=config.dtype, backend=config.backend,
+                         vision=config.env.shows_images)
+    if reference is not None:
+        policy.generator.name = reference.name  # recorded as each trajectory's policy
+    return policy
 
 
-def build_engine(config: CollectConfig) -> RolloutEngine | MixtureEngine | RayRolloutRunner:
+def noisy_reference(config: CollectConfig) -> NoisyReference | None:
+    """The env's reference policy erring in ``config.reference_noise`` of its situations (None at 0), seeded by the
+    collection's seed.
+
+    Raises:
+        UserError: noise for a policy other than the oracle, or for an env without one.
+    """
+    if not config.reference_noise:
+        return None
+    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle") or config.env.oracle is None:
+        raise UserError(f"reference_noise makes the env's reference policy err: it needs --policy oracle (and an env "
+                        f"with one), not {config.policy!r}.")
+    env = config.env
+
+    def tools_of(task: dict[str, Any]) -> list[dict[str, Any]]:
+        return (env.spec_for(task) if isinstance(env, EnvMixture) else env).tools
+
+    return NoisyReference(env.oracle, tools_of, config.reference_noise, seed=config.seed)
+
+
+def build_engine(config: CollectConfig, reference: NoisyReference | None = None
+                 ) -> RolloutEngine | MixtureEngine | RayRolloutRunner:
     """The engine rolling out ``config``'s policy on its env, with its parser, sampling, limits and system prompt:
-    in this process, or on ``config.workers`` Ray actors (each building the policy from its name)."""
+    in this process, or on ``config.workers`` Ray actors (each building the policy from its name). ``reference``: see
+    :func:`build_policy`."""
     if config.workers:
         return _workers(config)
-    policy = build_policy(config)
+    policy = build_policy(config, reference)
     if config.env.shows_images and policy.processor is None:
         raise UserError(f"{config.env.name}'s tools return images, and the policy's model is a text model (no image "
                         "processor): use a vision-language model directory (e.g. `trajlab model init --vision DIR`) "
@@ -143,6 +176,9 @@ def _workers(config: CollectConfig) -> RayRolloutRunner:
     if not isinstance(config.policy, str | Path) or not isinstance(config.tokenizer, str | Path | None):
         raise UserError("rollout.workers build their policies from names: pass the policy as 'oracle', a model "
                         "directory or a server URL, and the tokenizer as a directory.")
+    if config.reference_noise:
+        raise UserError("reference_noise runs in this process only: set rollout.workers to 0 to collect noisy "
+                        "demonstrations.")
     spec = WorkerSpec(env=config.env, policy=str(config.policy),
                       tokenizer=None if config.tokenizer is None else str(config.tokenizer), backend=config.backend,
                       device=config.device, dtype=config.dtype, parser=config.parser, sampling=config.sampling,
@@ -158,7 +194,8 @@ def collect(
 ) -> dict[str, Any]:
     """Run the missing episodes of ``config`` into ``config.out`` and summarise the whole file's episodes."""
     episodes = plan_episodes(config)
-    with build_engine(config) as engine, TrajectoryStore(config.out) as store:
+    reference = None if config.workers else noisy_reference(config)
+    with build_engine(config, reference) as engine, TrajectoryStore(config.out) as store:
         failed = {episode.id for episode in episodes} & store.errors
         if failed:  # the machinery broke them last time (a server away, a bug since fixed): run them again
             kept_in = errors_file(config.out)
@@ -176,6 +213,8 @@ def collect(
             nonlocal done, refused
             if refused:
                 return  # not stored: the same command runs it again once there is room
+            if reference is not None:
+                _record_noise(trajectory, reference)
             try:
                 store.append(trajectory)
             except StoreError:
@@ -195,6 +234,13 @@ def collect(
     summary["tokens_per_s"] = sum(t.metrics.get("model_tokens", 0.0) for t in new) / elapsed if new else 0.0
     summary["errors_run_again"] = len(failed)
     return summary
+
+
+def _record_noise(trajectory: Trajectory, reference: NoisyReference) -> None:
+    """Mark a noisy reference's trajectory: ``metrics["reference_noise"]`` (the share of situations it errs in) and
+    ``metrics["reference_noise/turns"]`` (its turns that were mistakes; 0: this demonstration is the oracle's own)."""
+    trajectory.metrics["reference_noise"] = reference.noise
+    trajectory.metrics["reference_noise/turns"] = float(len(reference.erred_turns(trajectory.messages)))
 
 
 def errors_file(out: Path) -> Path:

@@ -1,0 +1,41 @@
+"""The README's "Your own env, end to end" on its example, an env written outside the package
+(``examples/inventory``): it passes ``trajlab.check_env``, and ``trajlab run`` on its config completes (with tiny
+budgets here; whether it learns is ``benchmarks/env_learning.py``'s question)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import trajlab
+from trajlab.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples" / "inventory" / "config.yaml"
+TINY = ["collect.episodes=16", "sft.max_steps=2", "sft.batch_size=4", "sft.warmup_steps=0", "rl.steps=1",
+        "rl.tasks_per_step=2", "rl.group_size=2", "eval.num_tasks=4", "rollout.concurrency=16"]
+
+
+@pytest.fixture(autouse=True)
+def repository_on_path(monkeypatch):
+    """As `PYTHONPATH=.` from the repository root, the README's command."""
+    monkeypatch.syspath_prepend(str(ROOT))
+
+
+def test_the_example_env_passes_check_env():
+    report = trajlab.check_env("examples.inventory.env:SPEC", tasks_per_split=4)
+    assert report.tools == ["lookup", "order", "report"] and report.oracle_solved == report.tasks == 8
+
+
+def test_trajlab_run_completes_on_the_example_config(tmp_path):
+    sets = [item for setting in TINY for item in ("--set", setting)]
+    result = CliRunner().invoke(app, ["run", str(CONFIG), "--run-dir", str(tmp_path / "run"), *sets],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    reports = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [r["label"] for r in reports] == ["untrained", "sft", "rl"]
+    assert all(r["episodes"] == 4 for r in reports)
+    demos = [json.loads(line) for line in (tmp_path / "run" / "demos.jsonl").read_text().splitlines()]
+    assert len(demos) == 16 and all(d["env"] == "inventory" and d["status"] == "success" for d in demos)
+    assert (tmp_path / "run" / "report.html").exists()
