@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab import api
+from trajlab.cli.output import Verbosity, configure
 from trajlab.env.registry import EnvSpec, load_env
 from trajlab.models import init_tiny_model
 
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-curriculum")
     args = parser.parse_args()
+    configure(Verbosity.NORMAL)  # the console trajlab's commands have: one line per record, library noise off
 
     model = start_model(args)
     hard = load_env("arithmetic").with_options(min_operand=args.hard_min, max_operand=args.hard_max)
