@@ -93,31 +93,32 @@ def main() -> None:
     if args.screenshots:
         screenshots(args.run, args.screenshots)
 
-    work = Path(tempfile.mkdtemp(prefix="trajlab-report-open-"))
-    copies = work / "copies.jsonl"
-    tokens = scaled_copies(args.run, args.trajectories, copies)
-    page = work / "report.html"
-    builds = []
-    for _ in range(args.repeats):
-        started = time.perf_counter()
-        write_report([args.run, copies], page, max_trajectories=args.trajectories)
-        builds.append(time.perf_counter() - started)
-    opened, filtered, detail = [], [], []
-    for _ in range(args.repeats):
-        with chromium() as driver:
-            opened.append(open_report(driver, page) / 1000)
-            filter_ms, count = driver.execute_script(FILTER_JS)
-            open_ms, shown_tokens = driver.execute_script(OPEN_JS)
-            filtered.append(filter_ms / 1000)
-            detail.append(open_ms / 1000)
-            if errors := console_errors(driver):
-                raise SystemExit(f"console errors: {errors}")
-    print(f"report of {args.trajectories} trajectories ({tokens} tokens each on average): "
-          f"{page.stat().st_size / 1e6:.1f} MB")
-    print(f"build (trajlab report):   median {statistics.median(builds):.2f} s  runs {_runs(builds)}")
-    print(f"open in Chromium:         median {statistics.median(opened):.2f} s  runs {_runs(opened)}")
-    print(f"filter status=failure:    median {statistics.median(filtered):.3f} s  ({count})")
-    print(f"open a trajectory:        median {statistics.median(detail):.3f} s  ({shown_tokens} tokens drawn)")
+    with tempfile.TemporaryDirectory(prefix="trajlab-report-open-") as tmp:  # 24 MB of copies: never left behind
+        work = Path(tmp)
+        copies = work / "copies.jsonl"
+        tokens = scaled_copies(args.run, args.trajectories, copies)
+        page = work / "report.html"
+        builds = []
+        for _ in range(args.repeats):
+            started = time.perf_counter()
+            write_report([args.run, copies], page, max_trajectories=args.trajectories)
+            builds.append(time.perf_counter() - started)
+        opened, filtered, detail = [], [], []
+        for _ in range(args.repeats):
+            with chromium() as driver:
+                opened.append(open_report(driver, page) / 1000)
+                filter_ms, count = driver.execute_script(FILTER_JS)
+                open_ms, shown_tokens = driver.execute_script(OPEN_JS)
+                filtered.append(filter_ms / 1000)
+                detail.append(open_ms / 1000)
+                if errors := console_errors(driver):
+                    raise SystemExit(f"console errors: {errors}")
+        print(f"report of {args.trajectories} trajectories ({tokens} tokens each on average): "
+              f"{page.stat().st_size / 1e6:.1f} MB")
+        print(f"build (trajlab report):   median {statistics.median(builds):.2f} s  runs {_runs(builds)}")
+        print(f"open in Chromium:         median {statistics.median(opened):.2f} s  runs {_runs(opened)}")
+        print(f"filter status=failure:    median {statistics.median(filtered):.3f} s  ({count})")
+        print(f"open a trajectory:        median {statistics.median(detail):.3f} s  ({shown_tokens} tokens drawn)")
 
 
 def _runs(values: list[float]) -> str:
