@@ -81,6 +81,10 @@ def test_a_bad_knob_is_refused_with_the_valid_ones():
         load_env("wordle").with_options(max_guesses=9)
     with pytest.raises(ValueError, match="min_operand 8 is above max_operand 5"):
         load_env("arithmetic").with_options(min_operand=8, max_operand=5)
+    with pytest.raises(ValueError, match="driving: min_hazards 3 is above max_hazards 2"):
+        load_env("driving").with_options(min_hazards=3, max_hazards=2)
+    with pytest.raises(ValueError, match="ctf: min_layers 5 is above max_layers 4"):
+        load_env("ctf").with_options(min_layers=5, max_layers=4)
     with pytest.raises(ValueError, match="no range ends between min_high 40 and max_high 50"):
         load_env("guess").with_options(min_high=40, max_high=50)
     with pytest.raises(ValueError, match="Its knobs: none"):

@@ -45,29 +45,28 @@ class NoisyReference:
             raise ValueError(f"reference noise is a share of situations, from 0 to 1; got {noise}")
         self.oracle, self.tools_of, self.noise, self.seed = oracle, tools_of, noise, seed
         self.name = f"oracle+noise{noise:g}"
-        self._erred: set[str] = set()  # the situations (digests) in which a call was replaced
 
     def __call__(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-        message = self.oracle(task, messages)
-        situation = self._digest(messages)
-        rng = random.Random(situation)
-        if rng.random() >= self.noise:
-            return message
-        wrong = wrong_call(message, self.tools_of(task), rng)
-        if wrong is None:  # nothing plausible to do instead (no call, or one tool without arguments)
-            return message
-        self._erred.add(situation)
-        return wrong
+        return self._mistake(task, messages) or self.oracle(task, messages)
 
-    def erred_turns(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The indexes of the assistant turns of a conversation this reference rolled out where it erred."""
+    def erred_turns(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> list[int]:
+        """The indexes of the assistant turns of a conversation this reference rolled out where it erred: the
+        situations are replayed, so nothing is kept between calls."""
         turns, turn = [], 0
         for index, message in enumerate(messages):
             if message.get("role") == "assistant":
-                if self._digest(messages[:index]) in self._erred:
+                if self._mistake(task, messages[:index]) is not None:
                     turns.append(turn)
                 turn += 1
         return turns
+
+    def _mistake(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The wrong call this reference makes in a situation, or None where it makes the oracle's."""
+        rng = random.Random(self._digest(messages))
+        if rng.random() >= self.noise:
+            return None
+        # None where nothing plausible can be done instead (no call, or one tool without arguments)
+        return wrong_call(self.oracle(task, messages), self.tools_of(task), rng)
 
     def _digest(self, messages: list[dict[str, Any]]) -> str:
         text = json.dumps(messages, sort_keys=True, ensure_ascii=False, default=str)

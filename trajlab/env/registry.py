@@ -111,6 +111,11 @@ class EnvSpec:
             if isinstance(value, bool) or not isinstance(value, int) or not knob.low <= value <= knob.high:
                 raise ValueError(f"{self.name} knob '{name}' is an integer from {knob.low} to {knob.high}, got "
                                  f"{value!r}.")
+        chosen = {name: knobs.get(name, knob.default) for name, knob in declared.items()}
+        for name, low in chosen.items():
+            upper = "max_" + name.removeprefix("min_")
+            if name.startswith("min_") and upper in chosen and low > chosen[upper]:
+                raise ValueError(f"{self.name}: {name} {low} is above {upper} {chosen[upper]}.")
         spec = replace(self, options={name: value for name, value in knobs.items() if value != declared[name].default})
         for split in spec.splits:
             if next(iter(spec.iter_tasks(split)), None) is None:

@@ -240,7 +240,8 @@ def _record_noise(trajectory: Trajectory, reference: NoisyReference) -> None:
     """Mark a noisy reference's trajectory: ``metrics["reference_noise"]`` (the share of situations it errs in) and
     ``metrics["reference_noise/turns"]`` (its turns that were mistakes; 0: this demonstration is the oracle's own)."""
     trajectory.metrics["reference_noise"] = reference.noise
-    trajectory.metrics["reference_noise/turns"] = float(len(reference.erred_turns(trajectory.messages)))
+    erred = reference.erred_turns(trajectory.task, trajectory.messages)
+    trajectory.metrics["reference_noise/turns"] = float(len(erred))
 
 
 def errors_file(out: Path) -> Path:

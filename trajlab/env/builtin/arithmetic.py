@@ -98,8 +98,6 @@ def tasks(split: str, seed: int = 0, min_operand: int = MIN_OPERAND,
     """Tasks of one split, without repeats, operands drawn from ``min_operand`` to ``max_operand``; membership
     depends on the task only, never on the seed or the operand range (a task is in the same split at any range that
     holds it)."""
-    if min_operand > max_operand:
-        raise ValueError(f"arithmetic: min_operand {min_operand} is above max_operand {max_operand}.")
     rng = random.Random(seed)
     seen: set[str] = set()
     total = (max_operand - min_operand + 1) ** 3 * len(SYMBOLS) ** 2

@@ -281,8 +281,6 @@ def tasks(split: str, seed: int = 0, min_hazards: int = 1, max_hazards: int = MA
 
     A layout belongs to one split only (by the hash of its id), whatever the seed or the knobs.
     """
-    if min_hazards > max_hazards:
-        raise ValueError(f"driving: min_hazards {min_hazards} is above max_hazards {max_hazards}.")
     chosen = [task for task in scenarios()
               if split_of(task["task_id"]) == split and min_hazards <= len(task["hazards"]) <= max_hazards
               and plan(first_scene(task))[0] >= MIN_MARGIN_M]
