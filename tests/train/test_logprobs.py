@@ -35,8 +35,9 @@ def test_slices_equal_the_full_log_softmax_with_the_same_gradients(tiny_model_di
     assert lp.shape == (3, 40) and not ent.requires_grad
     assert torch.allclose(lp, full_lp, atol=1e-6, rtol=0)
     assert torch.allclose(ent, full_ent, atol=1e-5, rtol=0)
-    # float32 sums in another order: gradients up to ~12 agree to ~6e-6
-    assert full_grad.abs().sum() > 0 and torch.allclose(grad, full_grad, atol=1e-5, rtol=1e-5)
+    # float32 sums in another order: they differ by about 1e-6 of the largest gradient (up to ~20 here: 1.7e-5)
+    largest = full_grad.abs().max()
+    assert largest > 0 and torch.allclose(grad, full_grad, atol=2e-6 * largest, rtol=1e-5)
 
 
 def test_without_gradients_no_slice_is_kept_for_backward(tiny_model_dir):
