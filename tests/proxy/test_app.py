@@ -177,7 +177,8 @@ def test_completions_endpoint_and_sessions_from_header_and_api_key(hf_server):
 def test_a_client_that_disconnects_cancels_its_generation(hf_server):
     """A long generation whose client goes away stops: the next call is answered at once instead of waiting for
     it (the hf generator ends abandoned rows), and the abandoned call is recorded as 499."""
-    long_call = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1500, "temperature": 0}
+    # a prompt after which the greedy tiny model (seed 0) writes all 1500 tokens; after [5, 6, 7] it stops at 196
+    long_call = {"model": MODEL, "prompt": [7, 8, 9], "max_tokens": 1500, "temperature": 0}
     api = client(hf_server.url, "full-length")
     started = time.monotonic()
     whole = api.completions.create(**long_call)
