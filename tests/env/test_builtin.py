@@ -53,3 +53,17 @@ def test_arithmetic_dense_rewards_credit_each_correct_step():
     env.submit(**final)
     assert env.turn_rewards == [pytest.approx(1 / 3), 0.0, pytest.approx(1 / 3), pytest.approx(1 / 3)]
     assert env.metrics["progress"] == 1.0 and env.success
+
+
+def test_arithmetic_credits_each_step_of_a_longer_chain():
+    from trajlab.env.builtin.arithmetic import solution
+
+    spec = load_env("arithmetic").with_options(operations=4)
+    task = next(spec.iter_tasks("train"))
+    calls = solution(task)
+    assert [name for name, _ in calls[:4]] == task["ops"] and calls[-1][1] == {"answer": task["answer"]}
+    env = spec.make()
+    env.reset(**task)
+    for name, arguments in calls:
+        getattr(env, name)(**arguments)
+    assert env.turn_rewards == [pytest.approx(1 / 5)] * 5 and env.success and env.metrics["progress"] == 1.0

@@ -9,6 +9,7 @@ import pytest
 from tests.env.oracle import run_oracle
 from trajlab.config import load_config
 from trajlab.env import load_env
+from trajlab.env.builtin.arithmetic import SYMBOLS
 from trajlab.env.builtin.ctf import encoding_layers
 from trajlab.env.mixture import load_envs
 
@@ -34,6 +35,10 @@ def test_each_knob_moves_the_tasks_it_names():
     arithmetic = first(load_env("arithmetic").with_options(min_operand=10, max_operand=20))
     assert all(10 <= t[k] <= 20 for t in arithmetic for k in "abc")
     assert {t["task_id"] for t in arithmetic}.isdisjoint({t["task_id"] for t in first(load_env("arithmetic"))})
+    longer = first(load_env("arithmetic").with_options(operations=4))
+    assert all(len(t["ops"]) == 4 and t["question"].startswith("Compute (((") and "e" in t for t in longer)
+    one = first(load_env("arithmetic").with_options(operations=1))
+    assert all(t["question"] == f"Compute {t['a']} {SYMBOLS[t['ops'][0]]} {t['b']}." and "c" not in t for t in one)
 
     guess = first(load_env("guess").with_options(min_high=4, max_high=8))
     assert {t["high"] for t in guess} == {4, 8} and all(t["max_guesses"] == t["high"].bit_length() + 1 for t in guess)
@@ -55,7 +60,8 @@ def test_each_knob_moves_the_tasks_it_names():
     assert all_layers == {3, 4, 5}, "the knobs' bounds are the layers challenges have"
 
 
-@pytest.mark.parametrize(("name", "knobs"), [("arithmetic", {"max_operand": 20}), ("guess", {"min_high": 4}),
+@pytest.mark.parametrize(("name", "knobs"), [("arithmetic", {"max_operand": 20}), ("arithmetic", {"operations": 3}),
+                                             ("guess", {"min_high": 4}),
                                              ("driving", {"max_hazards": 2}), ("ctf", {"max_layers": 3})])
 def test_a_tasks_split_is_the_same_at_every_difficulty(name, knobs):
     spec, other = load_env(name), load_env(name).with_options(**knobs)
@@ -65,6 +71,7 @@ def test_a_tasks_split_is_the_same_at_every_difficulty(name, knobs):
 
 
 @pytest.mark.parametrize(("name", "knobs"), [("arithmetic", {"min_operand": 30, "max_operand": 60}),
+                                             ("arithmetic", {"operations": 1}), ("arithmetic", {"operations": 5}),
                                              ("guess", {"min_high": 64}), ("driving", {"min_hazards": 3})])
 def test_the_reference_policy_solves_harder_tasks(name, knobs, tiny_tokenizer, tiny_template):
     spec = load_env(name).with_options(**knobs)

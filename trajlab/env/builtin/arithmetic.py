@@ -1,14 +1,15 @@
 """Two-step arithmetic with calculator tools: the first env a tiny model can learn.
 
 The question ``Compute (a op b) op c.`` is solved by calling the first operation's tool, feeding its result to the
-second, and submitting the final number. It needs real multi-turn tool use (a result read back from a tool), yet a
-few-million-parameter model can learn it on a CPU because every step is copying numbers into the right slots.
+second, and submitting the final number (the ``operations`` knob makes the chain shorter or longer: a horizon). It
+needs real multi-turn tool use (a result read back from a tool), yet a few-million-parameter model can learn it on a
+CPU because every step is copying numbers into the right slots.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trajlab.env.base import Environment, tool_call_message
@@ -77,7 +78,7 @@ class Arithmetic(Environment):
         return str(value)
 
     def _score_step(self, name: str, arguments: dict[str, int]) -> None:
-        """Per-call reward: 1/3 for each call that is the next step of the reference solution."""
+        """Per-call reward: 1/(calls in the solution) for each call that is the next step of the reference solution."""
         correct = self.solved_steps < len(self.plan) and self.plan[self.solved_steps] == (name, arguments)
         self.solved_steps += correct
         self.turn_rewards.append(1 / len(self.plan) if correct else 0.0)
@@ -85,56 +86,64 @@ class Arithmetic(Environment):
 
 
 APPLY = {"add": lambda x, y: x + y, "subtract": lambda x, y: x - y, "multiply": lambda x, y: x * y}
+OPERAND_KEYS = "abcdef"  # a task's operands, in order: the fields a, b, c, ... of its dict
+MIN_OPERATIONS, MAX_OPERATIONS = 1, len(OPERAND_KEYS) - 1
 
 
-def make_task(a: int, b: int, c: int, first: str, second: str) -> dict[str, Any]:
-    answer = APPLY[second](APPLY[first](a, b), c)
-    question = f"Compute ({a} {SYMBOLS[first]} {b}) {SYMBOLS[second]} {c}."
-    return {"question": question, "a": a, "b": b, "c": c, "ops": [first, second], "answer": answer}
+def make_task(operands: Sequence[int], ops: Sequence[str]) -> dict[str, Any]:
+    """The task applying ``ops`` left to right: ``(a op b) op c`` and so on, one operand more than operations."""
+    expression, answer = str(operands[0]), operands[0]
+    for position, (op, operand) in enumerate(zip(ops, operands[1:], strict=True)):
+        expression = f"({expression})" if position else expression
+        expression, answer = f"{expression} {SYMBOLS[op]} {operand}", APPLY[op](answer, operand)
+    return {"question": f"Compute {expression}.", **dict(zip(OPERAND_KEYS, operands, strict=False)), "ops": list(ops),
+            "answer": answer}
 
 
-def tasks(split: str, seed: int = 0, min_operand: int = MIN_OPERAND,
-          max_operand: int = MAX_OPERAND) -> Iterator[dict[str, Any]]:
-    """Tasks of one split, without repeats, operands drawn from ``min_operand`` to ``max_operand``; membership
-    depends on the task only, never on the seed or the operand range (a task is in the same split at any range that
-    holds it)."""
+def operands_of(task: dict[str, Any]) -> list[int]:
+    return [task[key] for key in OPERAND_KEYS[:len(task["ops"]) + 1]]
+
+
+def tasks(split: str, seed: int = 0, min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND,
+          operations: int = 2) -> Iterator[dict[str, Any]]:
+    """Tasks of one split, without repeats, ``operations`` operations on operands drawn from ``min_operand`` to
+    ``max_operand``; membership depends on the task only, never on the seed or the knobs (a task is in the same split
+    at any setting that holds it)."""
     rng = random.Random(seed)
     seen: set[str] = set()
-    total = (max_operand - min_operand + 1) ** 3 * len(SYMBOLS) ** 2
+    total = (max_operand - min_operand + 1) ** (operations + 1) * len(SYMBOLS) ** operations
     while len(seen) < total:
-        a, b, c = (rng.randint(min_operand, max_operand) for _ in range(3))
-        first, second = rng.choice(list(SYMBOLS)), rng.choice(list(SYMBOLS))
-        task = make_task(a, b, c, first, second)
+        operands = [rng.randint(min_operand, max_operand) for _ in range(operations + 1)]
+        ops = [rng.choice(list(SYMBOLS)) for _ in range(operations)]
+        task = make_task(operands, ops)
         key = task["question"]
         if key in seen:
             continue
         seen.add(key)
         if split_of(key) == split:
-            yield {"task_id": f"arithmetic-{a}-{first}-{b}-{second}-{c}", **task}
+            steps = [str(x) for pair in zip(operands, ops, strict=False) for x in pair] + [str(operands[-1])]
+            yield {"task_id": "arithmetic-" + "-".join(steps), **task}
 
 
 def solution(task: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
     """The reference sequence of calls for a task."""
-    first, second = task["ops"]
-    intermediate = APPLY[first](task["a"], task["b"])
-    return [
-        (first, {"a": task["a"], "b": task["b"]}),
-        (second, {"a": intermediate, "b": task["c"]}),
-        ("submit", {"answer": APPLY[second](intermediate, task["c"])}),
-    ]
+    first, *rest = operands_of(task)
+    calls, value = [], first
+    for op, operand in zip(task["ops"], rest, strict=True):
+        calls.append((op, {"a": value, "b": operand}))
+        value = APPLY[op](value, operand)
+    return [*calls, ("submit", {"answer": value})]
 
 
 def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """Reference policy: reads tool results from the conversation and makes the next call."""
     results = [m["content"] for m in messages if m["role"] == "tool"]
-    first, second = task["ops"]
-    if not results:
-        call = (first, {"a": task["a"], "b": task["b"]})
-    elif len(results) == 1:
-        call = (second, {"a": int(results[0]), "b": task["c"]})
-    else:
-        call = ("submit", {"answer": int(results[-1])})
-    return tool_call_message(*call)
+    operands, ops = operands_of(task), task["ops"]
+    step = len(results)
+    if step == len(ops):
+        return tool_call_message("submit", {"answer": int(results[-1])})
+    left = operands[0] if step == 0 else int(results[-1])
+    return tool_call_message(ops[step], {"a": left, "b": operands[step + 1]})
 
 
 SYSTEM_PROMPT = (
@@ -146,8 +155,11 @@ SYSTEM_PROMPT = (
 KNOBS = (
     Knob("min_operand", MIN_OPERAND, "smallest operand", 1, 99),
     Knob("max_operand", MAX_OPERAND, "largest operand", 1, 99),
+    Knob("operations", 2, "operations in the expression, each one tool call before the submit (a longer horizon)",
+         MIN_OPERATIONS, MAX_OPERATIONS),
 )
 
-# Three tool calls solve a task; the other turns are room for a mistake or two.
+# Three tool calls solve a task at the default two operations; the other turns are room for a mistake or two. More
+# operations need more turns: raise rollout.max_turns (a curriculum stage sets its own).
 SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
                limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128), knobs=KNOBS)
