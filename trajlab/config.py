@@ -214,6 +214,9 @@ class RLSettings(Section):
     """Rollouts per forward/backward pass; gradients accumulate up to ``minibatch_size`` (a memory knob only)."""
     warmup_steps: int = Field(0, ge=0)
     """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """The rate after warm-up: held, or decayed to 0 over the run's optimizer steps (linear, cosine), so the final
+    weights are not one noisy step of a full rate away from where training had got to."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
     gradient_checkpointing: bool = False

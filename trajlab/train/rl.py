@@ -134,8 +134,7 @@ def run_rl(
         reference = (load_model(model_dir, device=where, dtype=policy.dtype) if isinstance(model_dir, str | Path)
                      else copy.deepcopy(model_dir))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
-    warmup = settings.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: min(1.0, (done + 1) / (warmup + 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(learning_rate_factor, settings=settings))
     policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
     model = accelerator.unwrap_model(policy)
     if reference is not None:
@@ -650,6 +649,20 @@ def _loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budge
     if estimator == "dr_grpo":
         return float(len(trajectories) * token_budget)
     return float(max(1, sum(sum(t.tokens.loss_mask) for t in trajectories)))
+
+
+def learning_rate_factor(done: int, settings: RLSettings) -> float:
+    """The rate's multiplier after ``done`` optimizer steps: warm-up that starts above 0 (no step is wasted at rate
+    0), then held or decayed to 0 at the run's last planned optimizer step."""
+    warmup = min(1.0, (done + 1) / (settings.warmup_steps + 1))
+    if settings.lr_scheduler == "constant":
+        return warmup
+    batch = settings.tasks_per_step * settings.group_size
+    per_step = settings.epochs_per_step * math.ceil(batch / (settings.minibatch_size or batch))
+    decaying = max(1, settings.steps * per_step - settings.warmup_steps)
+    progress = min(1.0, max(0, done - settings.warmup_steps) / decaying)
+    decay = 1 - progress if settings.lr_scheduler == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return warmup * decay
 
 
 def _pack(
