@@ -257,7 +257,6 @@ def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
     assert sum(p.numel() for p in load_model(final).parameters()) > 1_000_000
 
 
-
 @pytest.mark.parametrize(("shape", "factors"), [("cosine", [1.0, 0.75, 0.25]), ("linear", [1.0, 2 / 3, 1 / 3])])
 def test_a_decaying_rate_falls_toward_zero_at_the_last_step(tiny_model_dir, tmp_path, shape, factors):
     """One optimizer step per RL step (4 rollouts, minibatches of 4; the KL term trains every rollout): the rate
@@ -269,6 +268,7 @@ def test_a_decaying_rate_falls_toward_zero_at_the_last_step(tiny_model_dir, tmp_
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["optim/lr"] for r in records] == pytest.approx([1e-4 * f for f in factors])
     assert [rl.learning_rate_factor(done, settings) for done in (3, 9)] == [0.0, 0.0], "and 0 past the plan"
+
 
 def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(tiny_model_dir)
