@@ -43,8 +43,13 @@ REWARDS = {"env": 1.0, "progress": 1.0}
 
 
 def limits(operations: int) -> dict[str, int]:
-    """The quickstart's rollout budgets, with a turn per call, one for the answer and one spare."""
-    return {"max_turns": operations + 2, "max_new_tokens": 40, "max_episode_tokens": 512, "concurrency": 64}
+    """The quickstart's episode limits, with a turn per call, one for the answer and one spare."""
+    return {"max_turns": operations + 2, "max_new_tokens": 40, "max_episode_tokens": 512}
+
+
+def rollout(operations: int) -> dict[str, int]:
+    """``limits`` and the quickstart's episodes in flight."""
+    return limits(operations) | {"concurrency": 64}
 
 
 def arithmetic(operations: int) -> EnvSpec:
@@ -61,7 +66,7 @@ def start_model(args: argparse.Namespace) -> Path:
     demos = []
     for operations in range(1, args.hard + 1):
         demos += api.collect(arithmetic(operations), "oracle", out=work / f"demos-{operations}.jsonl",
-                             tokenizer=str(base), episodes=args.demos, rollout=limits(operations), seed=args.seed)
+                             tokenizer=str(base), episodes=args.demos, rollout=rollout(operations), seed=args.seed)
     return api.sft(base, demos, work / "sft", device="cpu", max_steps=args.sft_steps, batch_size=8,
                    learning_rate=3e-3, lr_scheduler="constant_with_warmup", warmup_steps=min(10, args.sft_steps),
                    save_steps=max(1, args.sft_steps), seed=args.seed)
@@ -70,7 +75,7 @@ def start_model(args: argparse.Namespace) -> Path:
 def train(model: Path, out: Path, args: argparse.Namespace, curriculum: dict[str, Any] | None) -> dict[str, Any]:
     """One arm's RL run (resumed if ``out`` holds one); its steps per stage and share of flat groups."""
     began = time.perf_counter()
-    api.rl(model, arithmetic(args.hard), out, device="cpu", seed=args.seed, resume=True, rollout=limits(args.hard),
+    api.rl(model, arithmetic(args.hard), out, device="cpu", seed=args.seed, resume=True, rollout=rollout(args.hard),
            curriculum=curriculum, steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
            save_steps=max(1, args.steps // 4), estimator="grpo", credit="turn", rewards=REWARDS,
            learning_rate=args.learning_rate, warmup_steps=2)
@@ -83,7 +88,7 @@ def train(model: Path, out: Path, args: argparse.Namespace, curriculum: dict[str
 
 
 def evaluate(model: Path, operations: int, out: Path, tasks: int) -> str:
-    report = api.evaluate(arithmetic(operations), str(model), out=out, rollout=limits(operations), rewards=REWARDS,
+    report = api.evaluate(arithmetic(operations), str(model), out=out, rollout=rollout(operations), rewards=REWARDS,
                           device="cpu", num_tasks=tasks)
     return f"{report.success_rate:.3f} ({report.reward_components.get('progress', 0.0):.2f})"
 
@@ -113,8 +118,6 @@ def main() -> None:
     curriculum = {"stages": [
         {"name": f"{ops} operations", "difficulty": {"operations": ops}, **limits(ops),
          **({"promote": promote} if ops < args.hard else {})} for ops in range(args.first, args.hard + 1)]}
-    for stage in curriculum["stages"]:
-        stage.pop("concurrency")  # a rollout setting, not a stage limit
     rows: dict[str, dict[str, Any]] = {"start": {"final": model}}
     for name, plan in (("direct", None), ("curriculum", curriculum)):
         rows[name] = train(model, args.work_dir / name, args, plan)
