@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from trajlab.models import load_model
 
@@ -30,9 +31,19 @@ def run(command: list[str], cwd: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-def largest_difference(a: Path, b: Path) -> float:
-    first, second = load_model(a).state_dict(), load_model(b).state_dict()
-    return max((first[name] - second[name]).abs().max().item() for name in first)
+def weights(path: Path) -> torch.Tensor:
+    return torch.cat([tensor.flatten().float() for tensor in load_model(path).state_dict().values()])
+
+
+def update_gap(start: Path, one: Path, two: Path) -> tuple[float, float]:
+    """How far one process moved the weights (the largest change), and how far apart the two updates are, relative
+    to the update's norm. Relative, not the largest entry: Adam's first steps are about lr * sign(gradient), so a
+    weight whose gradient is near Adam's epsilon can move differently on reduction-order rounding alone (6e-5 of a
+    1e-3 step, seen once in CI) while the update as a whole agrees to 1e-5; a real difference in the optimizer steps
+    (one process at batch 2 takes four steps, not two) puts the updates 0.9 apart."""
+    first = weights(one) - weights(start)
+    second = weights(two) - weights(start)
+    return first.abs().max().item(), ((first - second).norm() / first.norm()).item()
 
 
 def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
@@ -64,11 +75,10 @@ def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
         assert single["optim/grad_norm"] > 0
     assert [s["optim/lr"] for s in steps["one"]] == pytest.approx([lr / 3, 2 * lr / 3])
     assert sum(s["optim/trained_sequences"] for s in steps["one"]) > 0, "a real update"
-    moved = largest_difference(terse_model_dir, tmp_path / "one" / "final")
-    apart = largest_difference(tmp_path / "one" / "final", tmp_path / "two" / "final")
+    moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
     # Adam moves each weight by about its learning rate whatever the gradient's scale; summing the gradient over
     # two processes instead of one changes it by rounding only
-    assert moved > 0.5 * lr / 3 and apart < 0.05 * lr, (moved, apart)
+    assert moved > 0.5 * lr / 3 and apart < 1e-3, (moved, apart)
 
 
 def test_sft_two_processes_match_one(tiny_model_dir, tmp_path):
@@ -81,6 +91,5 @@ def test_sft_two_processes_match_one(tiny_model_dir, tmp_path):
               "--set", "sft.warmup_steps=0", "--set", "sft.lr_scheduler=constant", "--learning-rate", "1e-3"]
     run([*ONE, *common, "--batch-size", "4", "--out", str(tmp_path / "one")], ROOT)
     run([*LAUNCH, *common, "--batch-size", "2", "--out", str(tmp_path / "two")], ROOT)
-    moved = largest_difference(tiny_model_dir, tmp_path / "one" / "final")
-    apart = largest_difference(tmp_path / "one" / "final", tmp_path / "two" / "final")
-    assert moved > 1e-3 and apart < 5e-5, (moved, apart)
+    moved, apart = update_gap(tiny_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 1e-3 and apart < 1e-3, (moved, apart)
