@@ -85,7 +85,8 @@ def collect(
         device, dtype: where a model-directory policy is loaded and in what dtype (``ModelSettings``: auto, cpu,
             cuda, cuda:N; auto, float32, bfloat16, float16).
         **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``,
-            ``reference_noise`` (with the ``"oracle"`` policy: imperfect demonstrations).
+            ``reference`` and ``reference_noise`` (with the ``"oracle"`` policy: imperfect demonstrations, from one
+            of the env's named reference policies or with mistakes made on purpose).
     """
     from trajlab.recipes.collect import collect as run_collection
     from trajlab.recipes.collect import collected
@@ -96,7 +97,7 @@ def collect(
                                  rollout=_settings(RolloutSettings, rollout or {}), episodes=chosen.episodes,
                                  split=chosen.split, samples_per_task=chosen.samples_per_task,
                                  temperature=chosen.temperature, model=_model(device, dtype, backend),
-                                 reference_noise=chosen.reference_noise)
+                                 reference=chosen.reference, reference_noise=chosen.reference_noise)
         run_collection(config, on_progress=on_progress)
         return collected(config)
 
@@ -355,7 +356,7 @@ def evolve(
 def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tokenizer: Any,
                     tasks: Sequence[Mapping[str, Any]] | str | Path | None, seed: int, rollout: RolloutSettings,
                     episodes: int, split: str, samples_per_task: int, temperature: float,
-                    model: ModelSettings, reference_noise: float = 0.0) -> Any:
+                    model: ModelSettings, reference: str | None = None, reference_noise: float = 0.0) -> Any:
     from trajlab.inference.base import SamplingParams
     from trajlab.recipes.collect import CollectConfig
 
@@ -369,7 +370,8 @@ def _collect_config(env: EnvLike, policy: PolicyLike | Policy, out: Path, *, tok
         worker_gpus=rollout.worker_gpus,
         system_prompt=system_prompt,
         sampling=SamplingParams(temperature=temperature), limits=rollout.limit_overrides(),
-        device=model.device, dtype=model.dtype, backend=model.backend, reference_noise=reference_noise,
+        device=model.device, dtype=model.dtype, backend=model.backend, reference=reference,
+        reference_noise=reference_noise,
     )
 
 

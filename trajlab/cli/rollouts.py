@@ -53,6 +53,7 @@ def collect(
     split: Annotated[str | None, setting("collect.split")] = None,
     samples_per_task: Annotated[int | None, setting("collect.samples_per_task", min=1)] = None,
     temperature: Annotated[float | None, setting("collect.temperature", min=0.0)] = None,
+    reference: Annotated[str | None, setting("collect.reference")] = None,
     reference_noise: Annotated[float | None, setting("collect.reference_noise", min=0.0, max=1.0)] = None,
     seed: Seed = None,
     tasks: TasksFile = None,
@@ -77,7 +78,8 @@ def collect(
 
     settings = load(config, sets, {
         "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
-        "collect.temperature": temperature, "collect.reference_noise": reference_noise, "seed": seed,
+        "collect.temperature": temperature, "collect.reference": reference,
+        "collect.reference_noise": reference_noise, "seed": seed,
         "model.device": device, "model.dtype": dtype, "model.backend": backend,
         **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
                    prompt_file)})

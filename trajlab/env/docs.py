@@ -40,6 +40,10 @@ def env_page(spec: EnvSpec) -> str:
         lines += [f"| `{k.name}` | {k.default} | {k.low}-{k.high} | {k.help} |" for k in spec.knobs]
         lines.append("")
     policy = "`--policy oracle` runs its scripted reference policy" if spec.oracle else "it has no reference policy"
+    if spec.references:
+        named = ", ".join(f"`{name}`" for name in spec.references)
+        policy += (f"; imperfect ones, for demonstrations RL has to improve on: {named} (`--reference NAME`, or "
+                   "`collect.reference` in a run config)")
     lines += ["## Run it", "", f"Built in as `{spec.name}`; {policy}.", "", "```console",
               f"$ trajlab collect --env {spec.name} --policy oracle --episodes 100 --out runs/{spec.name}.jsonl"
               if spec.oracle else f"$ trajlab eval --env {spec.name} --policy MODEL_DIR --out runs/eval-{spec.name}",

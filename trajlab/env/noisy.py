@@ -38,13 +38,14 @@ class NoisyReference:
         tools_of: the tool schemas offered for a task (the env's own; in a mixture, the task's env's).
         noise: the share of situations in which the reference errs, from 0 to 1.
         seed: which situations, and which mistakes: another seed gives other blind spots.
+        name: the reference's own name; each trajectory records ``NAME+noiseP`` as its policy.
     """
 
-    def __init__(self, oracle: Oracle, tools_of: ToolsOf, noise: float, seed: int = 0) -> None:
+    def __init__(self, oracle: Oracle, tools_of: ToolsOf, noise: float, seed: int = 0, name: str = "oracle") -> None:
         if not 0 <= noise <= 1:
             raise ValueError(f"reference noise is a share of situations, from 0 to 1; got {noise}")
         self.oracle, self.tools_of, self.noise, self.seed = oracle, tools_of, noise, seed
-        self.name = f"oracle+noise{noise:g}"
+        self.name = f"{name}+noise{noise:g}"
 
     def __call__(self, task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
         return self._mistake(task, messages) or self.oracle(task, messages)

@@ -51,6 +51,9 @@ class EnvSpec:
     env_cls: type
     tasks: TaskGenerator | None = None
     oracle: Oracle | None = None
+    references: dict[str, Oracle] = field(default_factory=dict)
+    """Other reference policies by name, imperfect on purpose: demonstrators with a flaw the reward sees, whose
+    demonstrations RL has to improve on (``collect.reference``)."""
     system_prompt: str | None = None
     splits: tuple[str, ...] = ("train", "test")
     metadata: dict[str, Any] = field(default_factory=dict)

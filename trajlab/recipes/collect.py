@@ -22,7 +22,7 @@ from trajlab.data.store import StoreError, TrajectoryStore, read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.noisy import NoisyReference
 from trajlab.env.prompts import prompt_tag
-from trajlab.env.registry import EnvSpec, read_tasks_file
+from trajlab.env.registry import EnvSpec, Oracle, read_tasks_file
 from trajlab.errors import UserError
 from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
@@ -61,6 +61,7 @@ class CollectConfig:
     device: str = "auto"  # model.device and model.dtype, for a model-directory policy
     dtype: str = "auto"
     backend: str = "hf"  # what generates for a model-directory policy: hf or vllm (ModelSettings.backend)
+    reference: str | None = None  # CollectSettings.reference: one of the env's imperfect reference policies
     reference_noise: float = 0.0  # CollectSettings.reference_noise: the oracle errs in this share of situations
 
 
@@ -85,6 +86,8 @@ def plan_episodes(config: CollectConfig) -> list[Episode]:
         raise ValueError(f"Environment '{config.env.name}' has no tasks in split '{config.split}'.")
     tag = prompt_tag(config.system_prompt, config.env)
     tag = f":prompt-{tag}" if tag else ""  # another system prompt or tool descriptions make other episodes
+    if config.reference:
+        tag += f":reference-{config.reference}"  # another demonstrator's episodes are other episodes
     if config.reference_noise:
         tag += f":noise-{config.reference_noise:g}"  # so do the noisy reference's demonstrations
     episodes = []
@@ -123,15 +126,48 @@ def collected(config: CollectConfig, episodes: list[Episode] | None = None) -> l
 
 
 def build_policy(config: CollectConfig, reference: NoisyReference | None = None) -> Policy:
-    """The generator, tokenizer and chat template of ``config.policy``; for the oracle with ``reference_noise``,
-    ``reference`` (default: :func:`noisy_reference`)."""
+    """The generator, tokenizer and chat template of ``config.policy``; for the oracle, the reference policy
+    ``config.reference`` names, and with ``reference_noise``, ``reference`` (default: :func:`noisy_reference`)."""
     reference = reference or noisy_reference(config)
-    policy = load_policy(config.policy, tokenizer=config.tokenizer, oracle=reference or config.env.oracle,
+    oracle, name = chosen_reference(config)
+    policy = load_policy(config.policy, tokenizer=config.tokenizer, oracle=reference or oracle,
                          device=config.device, dtype=config.dtype, backend=config.backend,
                          vision=config.env.shows_images)
-    if reference is not None:
-        policy.generator.name = reference.name  # recorded as each trajectory's policy
+    if reference is not None or config.reference:
+        policy.generator.name = reference.name if reference is not None else name  # each trajectory's policy
     return policy
+
+
+def chosen_reference(config: CollectConfig) -> tuple[Oracle | None, str]:
+    """The reference policy that demonstrates: the env's own, or the imperfect one ``config.reference`` names; and
+    the name each of its trajectories records as its policy (``oracle``, ``oracle:NAME``).
+
+    Raises:
+        UserError: a named reference for a policy other than the oracle, or one the env does not have
+            (:func:`named_reference`).
+    """
+    if not config.reference:
+        return config.env.oracle, "oracle"
+    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle"):
+        raise UserError(f"collect.reference names a reference policy that demonstrates: it needs --policy oracle, "
+                        f"not {config.policy!r}.")
+    return named_reference(config.env, config.reference), f"oracle:{config.reference}"
+
+
+def named_reference(env: EnvSpec | EnvMixture, name: str) -> Oracle:
+    """The env's imperfect reference policy ``name``.
+
+    Raises:
+        UserError: a mixture of envs, or a name the env does not have (the message lists those it has).
+    """
+    if isinstance(env, EnvMixture):
+        raise UserError(f"collect.reference {name!r} is one env's: collect each env of the mixture {env.name!r} on "
+                        "its own to use it.")
+    if name not in env.references:
+        listed = ", ".join(sorted(env.references)) or "none besides its own"
+        raise UserError(f"{env.name} has no reference policy {name!r}; it has: {listed}. Leave collect.reference "
+                        "unset for the env's own.")
+    return env.references[name]
 
 
 def noisy_reference(config: CollectConfig) -> NoisyReference | None:
@@ -143,7 +179,8 @@ def noisy_reference(config: CollectConfig) -> NoisyReference | None:
     """
     if not config.reference_noise:
         return None
-    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle") or config.env.oracle is None:
+    oracle, name = chosen_reference(config)
+    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle") or oracle is None:
         raise UserError(f"reference_noise makes the env's reference policy err: it needs --policy oracle (and an env "
                         f"with one), not {config.policy!r}.")
     env = config.env
@@ -151,7 +188,7 @@ def noisy_reference(config: CollectConfig) -> NoisyReference | None:
     def tools_of(task: dict[str, Any]) -> list[dict[str, Any]]:
         return (env.spec_for(task) if isinstance(env, EnvMixture) else env).tools
 
-    return NoisyReference(env.oracle, tools_of, config.reference_noise, seed=config.seed)
+    return NoisyReference(oracle, tools_of, config.reference_noise, seed=config.seed, name=name)
 
 
 def build_engine(config: CollectConfig, reference: NoisyReference | None = None
@@ -176,9 +213,9 @@ def _workers(config: CollectConfig) -> RayRolloutRunner:
     if not isinstance(config.policy, str | Path) or not isinstance(config.tokenizer, str | Path | None):
         raise UserError("rollout.workers build their policies from names: pass the policy as 'oracle', a model "
                         "directory or a server URL, and the tokenizer as a directory.")
-    if config.reference_noise:
-        raise UserError("reference_noise runs in this process only: set rollout.workers to 0 to collect noisy "
-                        "demonstrations.")
+    if config.reference_noise or config.reference:
+        raise UserError("collect.reference and reference_noise run in this process only: set rollout.workers to 0 "
+                        "to collect their demonstrations.")
     spec = WorkerSpec(env=config.env, policy=str(config.policy),
                       tokenizer=None if config.tokenizer is None else str(config.tokenizer), backend=config.backend,
                       device=config.device, dtype=config.dtype, parser=config.parser, sampling=config.sampling,

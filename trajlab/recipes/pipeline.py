@@ -25,6 +25,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model, load_processor, load_tokenizer
+from trajlab.recipes.collect import named_reference
 from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
 from trajlab.train.curriculum import build_stages
@@ -48,6 +49,8 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
     env = config.env_spec()
     if config.curriculum is not None and "rl" in config.stages:  # a bad stage fails now, not after the stages before
         build_stages(config.curriculum, env, config.rollout)
+    if config.collect.reference and "collect" in config.stages:  # likewise a reference the env does not have
+        named_reference(env, config.collect.reference)
     base = resolve_model(config, log)
 
     current, label, reports = base, "untrained" if config.model.path is None else "base", []

@@ -17,6 +17,12 @@ Braking distance grows with ``v^2`` and swerving distance with ``v``: at the tas
 1.4-2.8 s ahead is often too close to stop for yet can be swerved around when a lane next to the car is free, and
 some tasks have no free lane. Reward: 0 for any collision; a safe ending earns 0.5 plus up to 0.5 for the closest
 approach to anything ahead in a lane the car occupied (full at 10 m or more).
+
+Reference policies: the env's own observes, then takes the action with the largest predicted margin. The
+``overconfident`` one (``collect.reference: overconfident``) believes the car brakes at 9 m/s^2: it brakes whenever
+that belief leaves a metre, and otherwise acts as the env's own. On about a fifth of the tasks its stop is too late
+where a lane change would have worked, so its successful demonstrations never show a swerve in that band; RL, whose
+reward sees the collisions, has to find it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ LANE_CHANGE_S = 0.75  # time the car straddles both lanes: about 2 m sideways at
 MAX_TOOL_CALLS = 6
 SAFE_GAP_M = 10.0  # a safe ending with at least this margin earns the full reward
 MIN_MARGIN_M = 1.0  # every generated task leaves the reference policy at least this margin
+BELIEVED_BRAKE_MS2 = 9.0  # what the overconfident reference policy thinks the brakes do
 
 SPEEDS = range(16, 31)  # m/s (58 to 108 km/h)
 TIMES_TO_COLLISION = [tenths / 10 for tenths in range(14, 29)]  # s at the start, for the pedestrian in the car's lane
@@ -298,6 +305,20 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
     return tool_call_message(name, arguments)
 
 
+def overconfident_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """An imperfect reference policy: observe, then brake whenever braking at ``BELIEVED_BRAKE_MS2`` (not the car's
+    7) would stop a metre short; otherwise act as :func:`oracle` does."""
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    scene = parse_observation(results[-1]) if results else None
+    if scene is None:
+        return tool_call_message("observe", {})
+    nearest = min(scene.ahead.get(scene.lane, []), default=math.inf)
+    if nearest - scene.speed * STEP_S - scene.speed**2 / (2 * BELIEVED_BRAKE_MS2) >= MIN_MARGIN_M:
+        return tool_call_message("emergency_stop", {})
+    _, name, arguments = plan(scene)
+    return tool_call_message(name, arguments)
+
+
 SYSTEM_PROMPT = (
     "You drive a car toward pedestrians. Observe the road, then brake or change lanes before it is too late: "
     "every tool call takes time while the car keeps moving. Hit nobody and nothing, and keep a margin."
@@ -313,4 +334,4 @@ KNOBS = (
 # The episode ends after MAX_TOOL_CALLS calls at the latest.
 SPEC = EnvSpec(name="driving", env_cls=Driving, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
                limits=EpisodeLimits(max_turns=MAX_TOOL_CALLS + 2, max_episode_tokens=2048, max_new_tokens=128),
-               knobs=KNOBS)
+               knobs=KNOBS, references={"overconfident": overconfident_oracle})

@@ -1,0 +1,93 @@
+"""Named reference policies (``collect.reference``): an env's imperfect demonstrators, chosen by name, recorded as
+such, and refused with a clear message where they cannot run."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trajlab import api
+from trajlab.cli import app
+from trajlab.env.builtin import driving
+from trajlab.env.mixture import EnvMixture
+from trajlab.env.registry import load_env
+from trajlab.errors import UserError
+from trajlab.models import ensure_default_model, load_tokenizer
+from trajlab.recipes.collect import CollectConfig, build_engine, build_policy, plan_episodes
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(ensure_default_model())
+
+
+def _calls(trajectory):
+    return [call["function"]["name"] for message in trajectory.messages if message["role"] == "assistant"
+            for call in message.get("tool_calls") or []]
+
+
+def test_the_overconfident_driver_stops_too_late_only_where_a_lane_change_would_have_worked(tmp_path, tokenizer):
+    spec = load_env("driving")
+    own = api.collect(spec, "oracle", out=tmp_path / "own.jsonl", episodes=300, tokenizer=tokenizer)
+    flawed = api.collect(spec, "oracle", out=tmp_path / "flawed.jsonl", episodes=300, reference="overconfident",
+                         tokenizer=tokenizer)
+    assert all(t.status == "success" and t.policy == "oracle" for t in own)
+    assert [t.task for t in flawed] == [t.task for t in own]  # the same tasks, other episodes
+    assert all(t.policy == "oracle:overconfident" and t.id.endswith(":reference-overconfident") for t in flawed)
+    failed = [t for t in flawed if t.status != "success"]
+    assert 0.1 < len(failed) / len(flawed) < 0.3  # the docs' "about a fifth"
+    for trajectory in failed:  # each a stop that came too late, on a task the env's own reference swerves on
+        assert _calls(trajectory) == ["observe", "emergency_stop"] and trajectory.metrics["env/collision"] == 1
+        assert driving.plan(driving.first_scene(trajectory.task))[1] == "lane_change"
+    # where braking does work, it brakes, even where the env's own reference would swerve for a wider margin
+    # (a margin of 10 m or more earns the full reward, so its reward is at most the same)
+    braked_instead = [(t.reward, o.reward) for t, o in zip(flawed, own, strict=True)
+                      if t.status == "success" and _calls(t)[-1] == "emergency_stop" and _calls(o)[-1] == "lane_change"]
+    assert braked_instead and all(mine <= theirs for mine, theirs in braked_instead)
+    assert sum(mine for mine, _ in braked_instead) < sum(theirs for _, theirs in braked_instead)
+
+
+def test_a_named_reference_composes_with_noise(tmp_path, tokenizer):
+    trajectories = api.collect("driving", "oracle", out=tmp_path / "x.jsonl", episodes=4, reference="overconfident",
+                               reference_noise=1.0, tokenizer=tokenizer)
+    assert all(t.policy == "oracle:overconfident+noise1" for t in trajectories)
+    assert all(t.id.endswith(":reference-overconfident:noise-1") for t in trajectories)
+
+
+def test_a_reference_the_env_lacks_a_mixture_or_another_policy_is_refused(tmp_path):
+    spec = load_env("driving")
+    config = CollectConfig(env=spec, policy="oracle", episodes=2, out=tmp_path / "x.jsonl", reference="reckless")
+    with pytest.raises(UserError, match="driving has no reference policy 'reckless'; it has: overconfident"):
+        build_policy(config)
+    with pytest.raises(UserError, match="arithmetic has no reference policy 'overconfident'; it has: none"):
+        build_policy(CollectConfig(env=load_env("arithmetic"), policy="oracle", episodes=2, out=config.out,
+                                   reference="overconfident"))
+    with pytest.raises(UserError, match="needs --policy oracle"):
+        build_policy(CollectConfig(env=spec, policy=str(tmp_path), episodes=2, out=config.out,
+                                   reference="overconfident"))
+    mixture = EnvMixture({"driving": spec, "arithmetic": load_env("arithmetic")})
+    with pytest.raises(UserError, match="collect each env of the mixture"):
+        build_policy(CollectConfig(env=mixture, policy="oracle", episodes=2, out=config.out, reference="overconfident"))
+    with pytest.raises(UserError, match="run in this process only"):
+        build_engine(CollectConfig(env=spec, policy="oracle", episodes=2, out=config.out, reference="overconfident",
+                                   workers=2))
+    own = CollectConfig(env=spec, policy="oracle", episodes=2, out=config.out)
+    assert [e.id + ":reference-overconfident" for e in plan_episodes(own)] == [
+        e.id for e in plan_episodes(CollectConfig(**{**own.__dict__, "reference": "overconfident"}))]
+
+
+def test_trajlab_collect_takes_a_reference(tmp_path):
+    out = tmp_path / "demos.jsonl"
+    result = CliRunner().invoke(app, ["collect", "--env", "driving", "--policy", "oracle", "--episodes", "6",
+                                      "--reference", "overconfident", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    assert [json.loads(line)["policy"] for line in out.read_text().splitlines()] == ["oracle:overconfident"] * 6
+
+
+def test_run_refuses_an_unknown_reference_before_its_first_stage(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nenv: driving\nstages: [eval, collect]\n"
+                      "collect: {episodes: 4, reference: overconfidant}\neval: {num_tasks: 2}\n")
+    result = CliRunner().invoke(app, ["run", str(config)])
+    assert result.exit_code == 1 and "driving has no reference policy 'overconfidant'" in result.stdout
+    assert not (tmp_path / "run" / "eval-0-untrained").exists()
