@@ -129,8 +129,8 @@ class CollectSettings(Section):
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature (0: greedy)."""
     reference: str | None = None
-    """Which reference policy demonstrates (policy oracle): one of the env's imperfect ones by name (its page in
-    docs/envs lists them, e.g. driving's overconfident). None: the env's own."""
+    """Which reference policy demonstrates (policy oracle): one of the env's imperfect ones by name (trajlab envs
+    lists them, e.g. driving's overconfident). None: the env's own."""
     reference_noise: float = Field(0.0, ge=0, le=1)
     """Imperfect demonstrations: the reference policy (policy oracle) makes a plausible wrong call, derived from the
     tool schemas, in this share of the situations it meets, the same one whenever it meets a situation again

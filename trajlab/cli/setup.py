@@ -40,7 +40,8 @@ def envs(
             rows.append({"name": name, "unavailable": str(exc)})
             continue
         rows.append({"name": name, "description": spec.description, "tools": spec.tools,
-                     "limits": spec.limits.model_dump(), "knobs": [asdict(knob) for knob in spec.knobs]})
+                     "limits": spec.limits.model_dump(), "knobs": [asdict(knob) for knob in spec.knobs],
+                     "references": sorted(spec.references)})
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -57,7 +58,9 @@ def envs(
                           for t in row["tools"])
         limits = "\n".join(f"{key} {value:g}" for key, value in row["limits"].items())
         knobs = "\n".join(f"{k['name']} {k['default']} ({k['low']}-{k['high']})" for k in row["knobs"])
-        table.add_row(row["name"], row["description"], tools, limits, knobs)
+        described = row["description"] + (f"\nimperfect references: {', '.join(row['references'])}"
+                                          if row["references"] else "")
+        table.add_row(row["name"], described, tools, limits, knobs)
     console.print(table)
 
 
