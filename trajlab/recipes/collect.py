@@ -148,10 +148,14 @@ def chosen_reference(config: CollectConfig) -> tuple[Oracle | None, str]:
     """
     if not config.reference:
         return config.env.oracle, "oracle"
-    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle"):
+    if not _is_oracle(config.policy):
         raise UserError(f"collect.reference names a reference policy that demonstrates: it needs --policy oracle, "
                         f"not {config.policy!r}.")
     return named_reference(config.env, config.reference), f"oracle:{config.reference}"
+
+
+def _is_oracle(policy: PolicyLike | Policy) -> bool:
+    return isinstance(policy, str | Path) and str(policy) == "oracle"
 
 
 def named_reference(env: EnvSpec | EnvMixture, name: str) -> Oracle:
@@ -180,7 +184,7 @@ def noisy_reference(config: CollectConfig) -> NoisyReference | None:
     if not config.reference_noise:
         return None
     oracle, name = chosen_reference(config)
-    if not (isinstance(config.policy, str | Path) and str(config.policy) == "oracle") or oracle is None:
+    if not _is_oracle(config.policy) or oracle is None:
         raise UserError(f"reference_noise makes the env's reference policy err: it needs --policy oracle (and an env "
                         f"with one), not {config.policy!r}.")
     env = config.env

@@ -237,6 +237,12 @@ def parse_observation(text: str) -> Scene | None:
     return Scene(float(header.group(1)), int(header.group(2)), int(header.group(3)), ahead)
 
 
+def braking_margin(scene: Scene, deceleration: float = BRAKE_MS2) -> float:
+    """Metres left to the nearest hazard in the car's lane if it brakes at ``deceleration`` after one decision."""
+    nearest = min(scene.ahead.get(scene.lane, []), default=math.inf)
+    return nearest - scene.speed * STEP_S - scene.speed**2 / (2 * deceleration)
+
+
 def plan(scene: Scene) -> tuple[float, str, dict[str, Any]]:
     """The best single action from a scene: (predicted margin in m, tool name, arguments); ties go to braking.
 
@@ -245,7 +251,7 @@ def plan(scene: Scene) -> tuple[float, str, dict[str, Any]]:
     """
     nearest = min(scene.ahead.get(scene.lane, []), default=math.inf)
     decided = scene.speed * STEP_S
-    options = [(nearest - decided - scene.speed**2 / (2 * BRAKE_MS2), "emergency_stop", {})]
+    options = [(braking_margin(scene), "emergency_stop", {})]
     for direction, target in (("left", scene.lane - 1), ("right", scene.lane + 1)):
         if 1 <= target <= scene.lanes and not scene.ahead.get(target):
             options.append((nearest - decided - scene.speed * LANE_CHANGE_S, "lane_change", {"direction": direction}))
@@ -295,10 +301,15 @@ def tasks(split: str, seed: int = 0, min_hazards: int = 1, max_hazards: int = MA
     yield from chosen
 
 
+def last_observation(messages: list[dict[str, Any]]) -> Scene | None:
+    """The scene the conversation's last tool result reports, or None (no result yet, or not an observation)."""
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    return parse_observation(results[-1]) if results else None
+
+
 def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """Reference policy: observe, then take the action with the largest predicted margin from what it reported."""
-    results = [m["content"] for m in messages if m["role"] == "tool"]
-    scene = parse_observation(results[-1]) if results else None
+    scene = last_observation(messages)
     if scene is None:
         return tool_call_message("observe", {})
     _, name, arguments = plan(scene)
@@ -308,15 +319,10 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
 def overconfident_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """An imperfect reference policy: observe, then brake whenever braking at ``BELIEVED_BRAKE_MS2`` (not the car's
     7) would stop a metre short; otherwise act as :func:`oracle` does."""
-    results = [m["content"] for m in messages if m["role"] == "tool"]
-    scene = parse_observation(results[-1]) if results else None
-    if scene is None:
-        return tool_call_message("observe", {})
-    nearest = min(scene.ahead.get(scene.lane, []), default=math.inf)
-    if nearest - scene.speed * STEP_S - scene.speed**2 / (2 * BELIEVED_BRAKE_MS2) >= MIN_MARGIN_M:
+    scene = last_observation(messages)
+    if scene is not None and braking_margin(scene, BELIEVED_BRAKE_MS2) >= MIN_MARGIN_M:
         return tool_call_message("emergency_stop", {})
-    _, name, arguments = plan(scene)
-    return tool_call_message(name, arguments)
+    return oracle(task, messages)
 
 
 SYSTEM_PROMPT = (
