@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
-from trajlab.data.store import read_trajectories
+from trajlab.data.store import read_trajectories, task_ids
 from trajlab.env.registry import load_env, registered_names
 from trajlab.models import load_processor
 
@@ -193,6 +193,21 @@ def test_device_cuda_without_a_gpu_is_one_clear_line(command, tmp_path, tiny_mod
     result = invoke(*command, tiny_model_dir, "--device", "gpu")
     assert result.exit_code == 1
     assert "model.device: 'gpu' is not a device: use auto, cpu, cuda or cuda:N" in result.stdout
+
+
+def test_rl_draws_none_of_the_tasks_of_the_file_it_skips(tmp_path, tiny_model_dir):
+    """The demonstrations are drawn in the order RL draws its tasks (the same seed): without --skip-tasks-of, RL's
+    two tasks would be the first two demonstrated."""
+    demos = tmp_path / "demos.jsonl"
+    result = invoke("collect", "--env", "arithmetic", "--policy", "oracle", "--tokenizer", tiny_model_dir,
+                    "--episodes", 4, "--out", demos)
+    assert result.exit_code == 0, result.stdout
+    result = invoke("rl", "--env", "arithmetic", "--model", tiny_model_dir, "--out", tmp_path / "rl", "--steps", 1,
+                    "--tasks-per-step", 2, "--group-size", 2, "--skip-tasks-of", demos,
+                    "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=8")
+    assert result.exit_code == 0, result.stdout
+    trained = task_ids(tmp_path / "rl" / "rollouts.jsonl")
+    assert len(trained) == 2 and trained.isdisjoint(task_ids(demos))
 
 
 def test_float16_weights_are_not_trained(tmp_path, tiny_model_dir):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -261,6 +261,7 @@ def rl(
     dtype: str = "auto",
     report_to: Sequence[str] = (),
     curriculum: CurriculumSettings | Mapping[str, Any] | None = None,
+    skip_tasks: Collection[str] = (),
     **settings: Any,
 ) -> Path:
     """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
@@ -277,6 +278,8 @@ def rl(
             loaded in (``ModelSettings``).
         curriculum: train stage after stage instead (``CurriculumSettings``: ``{"stages": [...]}``); a stage
             without an env of its own uses ``env``.
+        skip_tasks: ids (``task_id``) of train tasks RL does not draw: those SFT's demonstrations came from, which
+            SFT fits and RL rarely fails (no gradient); ``trajlab.data.store.task_ids`` reads them from a file.
         **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
     """
     from trajlab.chat.template import resolve_chat_template
@@ -289,10 +292,10 @@ def rl(
     loaded, placed = _load_tokenizer(model, tokenizer), _model(device, dtype, backend)
     processor = _load_processor(model, processor)
     chosen_rollout = _settings(RolloutSettings, rollout or {})
-    trained_on: EnvSpec | EnvMixture | Curriculum = _env(env)
-    if curriculum is not None:
-        stages = build_stages(_settings(CurriculumSettings, curriculum), trained_on, chosen_rollout)
-        trained_on = Curriculum(stages, seed=seed)
+    chosen_env = _env(env)
+    trained_on = (Curriculum(build_stages(_settings(CurriculumSettings, curriculum), chosen_env, chosen_rollout),
+                             seed=seed, skip=skip_tasks) if curriculum is not None
+                  else Curriculum.single(chosen_env, chosen_rollout.limit_overrides(), seed=seed, skip=skip_tasks))
     sampler = None
     if placed.backend == "vllm" and not chosen_rollout.workers:  # workers start engines of their own
         from trajlab.inference.vllm import VLLMGenerator

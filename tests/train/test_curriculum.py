@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -11,7 +12,8 @@ from trajlab.config import ConfigError, load_config
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.recipes.pipeline import run_pipeline
-from trajlab.train.curriculum import build_stages
+from trajlab.rollout.types import task_id
+from trajlab.train.curriculum import Curriculum, build_stages
 
 from .test_tracking import undocumented
 
@@ -85,6 +87,20 @@ def test_a_resumed_run_goes_on_in_the_same_stage_with_the_same_window(tiny_model
         assert a.get("curriculum/train_success") == b.get("curriculum/train_success")
     last = read_trajectories(tmp_path / "through" / "rollouts.jsonl")
     assert all(t.task["ops"] in (["add", "add"], ["multiply", "add"]) for t in last if t.metrics["rl/step"] == 3)
+
+
+def test_skipped_tasks_are_never_drawn_unless_they_are_all_the_stage_has(caplog):
+    env = load_env("arithmetic")
+    first = [task_id(task) for task in itertools.islice(env.iter_tasks("train", 3), 40)]
+    curriculum = Curriculum.single(env, {}, seed=3, skip=first[:25])
+    drawn = [task_id(task) for step in range(3) for task in curriculum.draw(step, 5)[1]]
+    assert drawn == first[25:40], "the stream goes on past the skipped tasks, in the same order"
+
+    small = load_env("arithmetic").with_options(max_operand=1)  # 1 op 1 op 1: nine tasks in all
+    every = [task_id(task) for task in small.iter_tasks("train", 0)]
+    alone = Curriculum.single(small, {}, skip=every)
+    assert [task_id(task) for task in alone.draw(0, len(every))[1]] == every
+    assert "every train task is among the" in caplog.text
 
 
 def test_curriculum_settings_are_validated():

@@ -116,6 +116,9 @@ def rl(
     gradient_checkpointing: Annotated[bool | None, setting("rl.gradient_checkpointing")] = None,
     lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
                                                "(the config's rl.lora.r).")] = None,
+    skip_tasks_of: Annotated[Path | None, typer.Option(help="A trajectory file, such as the demonstrations SFT "
+                                                       "learned from: RL draws none of its tasks (`trajlab run` "
+                                                       "leaves out its demos.jsonl's).")] = None,
     resume: Resume = False,
     seed: TrainSeed = None,
     device: Device = None,
@@ -127,6 +130,7 @@ def rl(
 ) -> None:
     """Online multi-turn RL (GRPO, Dr.GRPO, RLOO; trajectory- or turn-level credit) with trajlab rollouts."""
     from trajlab import api
+    from trajlab.data.store import task_ids
 
     settings = load(config, sets, {
         "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
@@ -139,10 +143,11 @@ def rl(
     def show(record: dict) -> None:
         say(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
 
+    skipped = task_ids(skip_tasks_of) if skip_tasks_of else frozenset()
     final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                    on_step=show, device=settings.model.device, dtype=settings.model.dtype,
                    backend=settings.model.backend, report_to=settings.report_to, curriculum=settings.curriculum,
-                   **settings.rl.model_dump())
+                   skip_tasks=skipped, **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 

@@ -21,7 +21,7 @@ import yaml
 from trajlab import api
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
-from trajlab.data.store import read_trajectories
+from trajlab.data.store import read_trajectories, task_ids
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model, load_processor, load_tokenizer
@@ -172,6 +172,11 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
             f"zero-var groups {record['rollout/zero_variance_groups']:.2f} kl {record['loss/kl']:.4f} "
             f"entropy {record['loss/entropy']:.3f} {record['perf/tokens_per_s']:.0f} tok/s")
 
+    # the demonstrations were drawn in the same seeded order as RL's tasks: without this RL would start on exactly
+    # the tasks SFT was fitted to
+    demonstrated = task_ids(run / "demos.jsonl") if (run / "demos.jsonl").is_file() else frozenset()
+    if demonstrated:
+        log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations SFT learned from")
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
                   backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
-                  **_placement(config), **config.rl.model_dump())
+                  skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())

@@ -9,13 +9,18 @@ then says whether the next step starts the next stage. The state (stage, the ste
 is plain data saved with RL checkpoints, so a resumed run goes on in the same stage with the same window.
 
 A run without a curriculum is one stage of the env's train tasks that never ends: the same task stream as ever.
+
+Tasks SFT's demonstrations came from can be left out of every stage's stream (``skip``): the demonstrations are drawn
+in the same seeded order, so RL would otherwise start on exactly the tasks SFT was fitted to, where it rarely fails
+and its groups carry no gradient.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,8 @@ FILTER_PROBE = 1000
 mistake (a misspelled field), found before training instead of as a hung task stream."""
 HELDOUT_SEED = 0
 """Task order of held-out evaluations: the same tasks in every run, whatever the training seed."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,12 +116,16 @@ class Curriculum:
         stages: in order; all but the last have a promote rule.
         seed: the train tasks' order.
         staged: a configured curriculum (its stage is logged and checkpointed), not a plain run's single stage.
+        skip: ids (``task_id``) of train tasks no stage draws, such as those SFT's demonstrations came from; a stage
+            with no other task draws all of its own (with a warning).
     """
 
-    def __init__(self, stages: Sequence[Stage], *, seed: int = 0, staged: bool = True) -> None:
+    def __init__(self, stages: Sequence[Stage], *, seed: int = 0, staged: bool = True,
+                 skip: Collection[str] = frozenset()) -> None:
         self.stages = list(stages)
         self.seed = seed
         self.staged = staged
+        self.skip = frozenset(skip)
         self.index = 0
         self.first_step: int | None = 0  # the first step drawn from the current stage (None: none drawn yet)
         self.steps = 0  # steps of the current stage trained
@@ -123,9 +134,10 @@ class Curriculum:
         self._lock = threading.Lock()
 
     @classmethod
-    def single(cls, env: EnvSpec | EnvMixture, limits: dict[str, int | float], *, seed: int = 0) -> Curriculum:
-        """A plain run: the env's train tasks, cycled, for the whole run."""
-        return cls([Stage(env.name, env, limits)], seed=seed, staged=False)
+    def single(cls, env: EnvSpec | EnvMixture, limits: dict[str, int | float], *, seed: int = 0,
+               skip: Collection[str] = frozenset()) -> Curriculum:
+        """A plain run: the env's train tasks (but ``skip``), cycled, for the whole run."""
+        return cls([Stage(env.name, env, limits)], seed=seed, staged=False, skip=skip)
 
     def draw(self, step: int, count: int) -> tuple[int, list[dict[str, Any]]]:
         """The stage and ``count`` train tasks of ``step``: the stage's tasks in a fixed order (cycled), after those
@@ -134,10 +146,21 @@ class Curriculum:
             if self._stream is None:
                 if self.first_step is None:
                     self.first_step = step
-                stage = self.stages[self.index]
-                stream = itertools.cycle(stage.tasks("train", self.seed))
+                stream = itertools.cycle(self._train_tasks(self.stages[self.index]))
                 self._stream = itertools.islice(stream, (step - self.first_step) * count, None)
             return self.index, [next(self._stream) for _ in range(count)]
+
+    def _train_tasks(self, stage: Stage) -> Iterator[dict[str, Any]]:
+        """The stage's train tasks but the skipped ones; all of them when every one is skipped."""
+        if not self.skip:
+            return stage.tasks("train", self.seed)
+        fresh = (task for task in stage.tasks("train", self.seed) if task_id(task) not in self.skip)
+        first = next(fresh, None)
+        if first is None:
+            logger.warning("curriculum stage '%s': every train task is among the %d skipped (SFT's demonstrations): "
+                           "RL draws them all again", stage.name, len(self.skip))
+            return stage.tasks("train", self.seed)
+        return itertools.chain([first], fresh)
 
     def observe(self, step: int, stage: int, trajectories: Sequence[Trajectory],
                 heldout: Callable[[int], float]) -> tuple[dict[str, float], Promotion | None]:
