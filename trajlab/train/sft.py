@@ -11,6 +11,7 @@ placeholders, so SFT on a vision-language model is token- and pixel-exact.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,10 @@ from trajlab.train.lora import lora_config
 from trajlab.train.placement import check_trainable, training_device
 
 logger = logging.getLogger(__name__)
+# transformers 5.23 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing (the old name is a
+# deprecated alias there); before it, as in the vLLM lane's 5.19, only the old name exists.
+CHECKPOINTING_ARGUMENT = ("activation_checkpointing" if "activation_checkpointing" in
+                          {field.name for field in dataclasses.fields(SFTConfig)} else "gradient_checkpointing")
 
 SFT_METRIC_NAMES = {
     "loss": "loss/sft", "mean_token_accuracy": "loss/token_accuracy", "entropy": "loss/entropy",
@@ -182,7 +187,7 @@ def run_sft(
         warmup_steps=settings.warmup_steps,
         lr_scheduler_type=settings.lr_scheduler,
         weight_decay=settings.weight_decay,
-        activation_checkpointing=settings.gradient_checkpointing,
+        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
         logging_steps=settings.logging_steps,
         save_steps=settings.save_steps,
         save_total_limit=2,
