@@ -87,6 +87,7 @@ def test_noisy_demonstrations_are_reproducible_token_exact_marked_and_at_about_t
     assert [t.tokens for t in noisy] == [t.tokens for t in again]
     assert len(api.without_drift(noisy, tokenizer)) == len(noisy)  # the chat template's own tokens, turn by turn
 
+    assert [t.status for t in noisy if t.status == "error"] == [], "the oracle goes on from any mistake"
     erred = turns = 0
     for trajectory in noisy:
         assert trajectory.policy == "oracle+noise0.3" and trajectory.metrics["reference_noise"] == 0.3

@@ -1,5 +1,6 @@
 """`trajlab run` end to end with tiny budgets, resuming a finished run, and its report opened in Chromium."""
 
+import itertools
 import json
 import re
 
@@ -7,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
-from trajlab.data.store import task_ids
+from trajlab.data.store import read_trajectories, task_ids
+from trajlab.env import load_env
 from trajlab.report import browser, read_embedded
 
 CONFIG = """# trajlab run config.yaml
@@ -129,6 +131,29 @@ def test_run_refuses_a_misspelled_key(tmp_path):
     config.write_text(CONFIG.format(run_dir=tmp_path / "run").replace("max_steps", "max_stepz"))
     result = CliRunner().invoke(app, ["run", str(config)])
     assert result.exit_code == 1 and "sft.max_stepz: unknown key (did you mean 'max_steps'?)" in result.stdout
+
+
+def test_rl_draws_the_tasks_of_failed_demonstrations_which_sft_never_learned(tmp_path):
+    """SFT trains on the successful demonstrations only, so RL leaves out their tasks and nothing else: its first
+    tasks are those of the first demonstrations that failed."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""run_dir: {tmp_path / 'run'}
+env: arithmetic
+stages: [collect, sft, rl]
+rollout: {{max_turns: 4, max_new_tokens: 32, concurrency: 16}}
+collect: {{episodes: 16, reference_noise: 0.3}}
+sft: {{max_steps: 1, batch_size: 4, warmup_steps: 0}}
+rl: {{steps: 1, tasks_per_step: 2, group_size: 2}}
+""")
+    result = CliRunner().invoke(app, ["run", str(config)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    demos = list(read_trajectories(tmp_path / "run" / "demos.jsonl"))
+    learned = {t.task["task_id"] for t in demos if t.status == "success"}
+    assert 2 <= len(demos) - len(learned) < len(demos)
+    assert f"leaving out the {len(learned)} train tasks" in result.stdout
+    in_order = [task["task_id"] for task in itertools.islice(load_env("arithmetic").iter_tasks("train", 0), 16)]
+    drawn = [t.task["task_id"] for t in read_trajectories(tmp_path / "run" / "rl" / "rollouts.jsonl")]
+    assert list(dict.fromkeys(drawn)) == [task for task in in_order if task not in learned][:2]
 
 
 def test_an_evolve_stage_hands_its_prompt_to_the_stages_after_it(tmp_path):

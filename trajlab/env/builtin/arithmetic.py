@@ -136,11 +136,12 @@ def solution(task: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
 
 
 def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Reference policy: reads tool results from the conversation and makes the next call."""
+    """Reference policy: reads tool results from the conversation and makes the next call; after as many results
+    as operations (more, when a noisy reference's mistake called a tool instead of submitting) it submits the last."""
     results = [m["content"] for m in messages if m["role"] == "tool"]
     operands, ops = operands_of(task), task["ops"]
     step = len(results)
-    if step == len(ops):
+    if step >= len(ops):
         return tool_call_message("submit", {"answer": int(results[-1])})
     left = operands[0] if step == 0 else int(results[-1])
     return tool_call_message(ops[step], {"a": left, "b": operands[step + 1]})
