@@ -21,13 +21,13 @@ import yaml
 from trajlab import api
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
-from trajlab.data.store import read_trajectories
+from trajlab.data.store import read_trajectories, task_ids
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models import init_tiny_model, load_processor, load_tokenizer
 from trajlab.recipes.collect import named_reference
 from trajlab.report import write_report
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import Trajectory
 from trajlab.train.curriculum import build_stages
 
 Log = Callable[[str], None]
@@ -173,11 +173,11 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
             f"entropy {record['loss/entropy']:.3f} {record['perf/tokens_per_s']:.0f} tok/s")
 
     # the demonstrations were drawn in the same seeded order as RL's tasks: without this RL would start on exactly
-    # the tasks SFT was fitted to (those of its dataset: the successful demonstrations, unless failures are kept)
-    demos = list(read_trajectories(run / "demos.jsonl")) if (run / "demos.jsonl").is_file() else []
-    demonstrated = frozenset(task_id(t.task) for t in demos if t.status == "success" or config.dataset.include_failures)
+    # the tasks SFT was fitted to. The failed ones' tasks are left out too: drawn first, they would be a sample
+    # biased to the demonstrator's mistakes (BENCHMARKS.md: RL on them overshot more)
+    demonstrated = task_ids(run / "demos.jsonl") if (run / "demos.jsonl").is_file() else frozenset()
     if demonstrated:
-        log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations SFT learned from")
+        log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
     return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
                   backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
                   skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())
