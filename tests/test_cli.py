@@ -27,7 +27,8 @@ def test_envs_json_lists_every_env_with_its_tools():
     assert {"arithmetic", "guess"} <= set(rows)
     assert {t["function"]["name"] for t in rows["arithmetic"]["tools"]} == {"add", "subtract", "multiply", "submit"}
     assert rows["guess"]["description"]
-    assert rows["driving"]["references"] == ["overconfident"] and rows["arithmetic"]["references"] == []
+    assert rows["driving"]["references"] == ["overconfident"]
+    assert rows["arithmetic"]["references"] == ["sign_slip"]
 
 
 def test_model_init_refuses_to_overwrite(tmp_path):

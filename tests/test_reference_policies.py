@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trajlab import api
 from trajlab.cli import app
-from trajlab.env.builtin import driving
+from trajlab.env.builtin import arithmetic, driving
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import load_env
 from trajlab.errors import UserError
@@ -45,6 +45,28 @@ def test_the_overconfident_driver_stops_too_late_only_where_a_lane_change_would_
                       if t.status == "success" and _calls(t)[-1] == "emergency_stop" and _calls(o)[-1] == "lane_change"]
     assert braked_instead and all(mine <= theirs for mine, theirs in braked_instead)
     assert sum(mine for mine, _ in braked_instead) < sum(theirs for _, theirs in braked_instead)
+
+
+def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_four(tmp_path, tokenizer):
+    own = api.collect("arithmetic", "oracle", out=tmp_path / "own.jsonl", episodes=600, tokenizer=tokenizer)
+    flawed = api.collect("arithmetic", "oracle", out=tmp_path / "flawed.jsonl", episodes=600,
+                         reference="sign_slip", tokenizer=tokenizer)
+    assert [t.task for t in flawed] == [t.task for t in own]
+    negative_products = [t for t in flawed if t.task["ops"][-1] == "multiply" and t.task["answer"] < 0]
+    slipped = [t for t in negative_products if t.status != "success"]
+    assert 0.6 < len(slipped) / len(negative_products) < 0.9  # the docs' "three in four"
+    assert 0.02 < len(slipped) / len(flawed) < 0.06
+    for trajectory, mine in zip(flawed, own, strict=True):
+        submitted = trajectory.messages[-2]["tool_calls"][0]["function"]["arguments"]["answer"]
+        slips = trajectory in slipped
+        assert slips == (trajectory in negative_products and arithmetic.slips(trajectory.task["question"]))
+        assert submitted == (abs(trajectory.task["answer"]) if slips else trajectory.task["answer"])
+        assert _calls(trajectory) == _calls(mine)  # every call before the submit is the env's own reference's
+    again = api.collect("arithmetic", "oracle", out=tmp_path / "again.jsonl", episodes=600, reference="sign_slip",
+                        tokenizer=tokenizer, seed=1)
+    for trajectory in again:  # another seed, other tasks; a task slips or not by its question alone
+        band = trajectory.task["ops"][-1] == "multiply" and trajectory.task["answer"] < 0
+        assert (trajectory.status != "success") == (band and arithmetic.slips(trajectory.task["question"]))
 
 
 def test_a_named_reference_composes_with_noise(tmp_path, tokenizer):

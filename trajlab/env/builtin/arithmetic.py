@@ -4,11 +4,16 @@ The question ``Compute (a op b) op c.`` is solved by calling the first operation
 second, and submitting the final number (the ``operations`` knob makes the chain shorter or longer: a horizon). It
 needs real multi-turn tool use (a result read back from a tool), yet a few-million-parameter model can learn it on a
 CPU because every step is copying numbers into the right slots.
+
+Besides its own reference policy it has an imperfect one, ``sign_slip`` (``collect.reference: sign_slip``): it
+drops the minus sign of a negative product on three tasks in four, so its demonstrations teach a slip the reward
+sees (the quickstart trains on them, failures included, and RL learns to keep the sign).
 """
 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -147,6 +152,27 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
     return tool_call_message(ops[step], {"a": left, "b": operands[step + 1]})
 
 
+def sign_slip_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """An imperfect reference policy that usually drops the minus sign of a negative product: when the expression
+    ends in a multiplication with a negative result, it submits the result without its sign on a share
+    ``SIGN_SLIP_SHARE`` of those tasks (which ones depends on the question only, so a task is demonstrated the same
+    way every time); otherwise it acts as :func:`oracle` does. So it fails most tasks ``(a - b) * c`` with ``a < b``
+    and solves the rest."""
+    call = oracle(task, messages)
+    function = call["tool_calls"][0]["function"]
+    if function["name"] == "submit" and task["ops"][-1] == "multiply" and slips(task["question"]):
+        return tool_call_message("submit", {"answer": abs(function["arguments"]["answer"])})
+    return call
+
+
+SIGN_SLIP_SHARE = 0.75
+
+
+def slips(question: str) -> bool:
+    """Whether the sign-slip reference drops the sign on this question: a fixed hash, the same in every run."""
+    return zlib.crc32(question.encode()) % 1000 < SIGN_SLIP_SHARE * 1000
+
+
 SYSTEM_PROMPT = (
     "You solve arithmetic with the calculator tools. Call one tool at a time, use each result in the next call, "
     "then submit the final value."
@@ -163,4 +189,5 @@ KNOBS = (
 # Three tool calls solve a task at the default two operations; the other turns are room for a mistake or two. More
 # operations need more turns: raise rollout.max_turns (a curriculum stage sets its own).
 SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128), knobs=KNOBS)
+               limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128), knobs=KNOBS,
+               references={"sign_slip": sign_slip_oracle})
