@@ -83,7 +83,7 @@ TINY_MODEL_CONFIG: dict = {
     # is 0.072). At 0.02 the tiny model starts with near-silent layers, and when SFT learns to copy a number from its
     # context into a call depends on the seed: the quickstart's 600 steps reached 0.21-0.94 held-out success on 3
     # seeds. At 0.1, with the same constant SFT rate, they reach 0.945-1.000 on each of 5 (BENCHMARKS.md, "Why SFT
-    # depended on the seed"; the quickstart's rate now decays, and SFT reaches 0.987-0.999).
+    # depended on the seed"; with the rate decayed, SFT on the optimal reference reaches 0.987-0.999).
     "initializer_range": 0.1,
 }
 
