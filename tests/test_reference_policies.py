@@ -81,8 +81,11 @@ def test_a_reference_the_env_lacks_a_mixture_or_another_policy_is_refused(tmp_pa
     config = CollectConfig(env=spec, policy="oracle", episodes=2, out=tmp_path / "x.jsonl", reference="reckless")
     with pytest.raises(UserError, match="driving has no reference policy 'reckless'; it has: overconfident"):
         build_policy(config)
-    with pytest.raises(UserError, match="arithmetic has no reference policy 'overconfident'; it has: none"):
+    with pytest.raises(UserError, match="arithmetic has no reference policy 'overconfident'; it has: sign_slip"):
         build_policy(CollectConfig(env=load_env("arithmetic"), policy="oracle", episodes=2, out=config.out,
+                                   reference="overconfident"))
+    with pytest.raises(UserError, match="guess has no reference policy 'overconfident'; it has: none"):
+        build_policy(CollectConfig(env=load_env("guess"), policy="oracle", episodes=2, out=config.out,
                                    reference="overconfident"))
     with pytest.raises(UserError, match="needs --policy oracle"):
         build_policy(CollectConfig(env=spec, policy=str(tmp_path), episodes=2, out=config.out,
