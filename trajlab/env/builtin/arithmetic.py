@@ -152,6 +152,9 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
     return tool_call_message(ops[step], {"a": left, "b": operands[step + 1]})
 
 
+SIGN_SLIP_SHARE = 0.75  # of the tasks that end in a negative product, the share sign_slip demonstrates wrongly
+
+
 def sign_slip_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """An imperfect reference policy that usually drops the minus sign of a negative product: when the expression
     ends in a multiplication with a negative result, it submits the result without its sign on a share
@@ -163,9 +166,6 @@ def sign_slip_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> di
     if function["name"] == "submit" and task["ops"][-1] == "multiply" and slips(task["question"]):
         return tool_call_message("submit", {"answer": abs(function["arguments"]["answer"])})
     return call
-
-
-SIGN_SLIP_SHARE = 0.75
 
 
 def slips(question: str) -> bool:
