@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from trajlab.env.base import tool_call_message
 from trajlab.env.builtin import arithmetic
 from trajlab.env.registry import EnvSpec, Oracle, load_env
 from trajlab.models import init_tiny_model
+from trajlab.train.curriculum import matches
 
 REWARDS = {"env": 1.0, "progress": 1.0}
 ROLLOUT = {"max_turns": 6, "max_new_tokens": 40, "max_episode_tokens": 512, "concurrency": 64}  # the quickstart's
@@ -65,8 +65,8 @@ def demonstrator(easy_slip: float) -> Oracle:
         call = arithmetic.oracle(task, messages)
         function = call["tool_calls"][0]["function"]
         negative_product = task["ops"][-1] == "multiply" and task["answer"] < 0
-        hashed = zlib.crc32(task["question"].encode()) % 1000 < easy_slip * 1000
-        if function["name"] == "submit" and negative_product and (task["answer"] <= -10 or hashed):
+        slipped = task["answer"] <= -10 or arithmetic.slips(task["question"], easy_slip)
+        if function["name"] == "submit" and negative_product and slipped:
             return tool_call_message("submit", {"answer": abs(function["arguments"]["answer"])})
         return call
 
@@ -105,9 +105,7 @@ def train(model: Path, env: EnvSpec, out: Path, seed: int, args: argparse.Namesp
             "steps per stage": "/".join(str(stage_of.count(i)) for i in range(len(stages)))}
 
 
-def evaluate(env: EnvSpec, model: Path, kind: str, out: Path) -> float:
-    tasks = [task for task in env.iter_tasks("test", 0) if task["ops"] == ["subtract", "multiply"]
-             and task["answer"] in KINDS[kind]]
+def evaluate(env: EnvSpec, model: Path, tasks: list[dict[str, Any]], out: Path) -> float:
     return api.evaluate(env, str(model), tasks=tasks, out=out, rollout=ROLLOUT, rewards=REWARDS, device="cpu",
                         temperature=0.0).success_rate
 
@@ -133,6 +131,7 @@ def main() -> None:
     arms = {"direct": [{"name": "two-digit", "task_filter": task_filter("two-digit")}],
             "curriculum": [{"name": "one-digit", "task_filter": task_filter("one-digit"), "promote": promote},
                            {"name": "two-digit", "task_filter": task_filter("two-digit")}]}
+    heldout = {kind: [task for task in env.iter_tasks("test", 0) if matches(task, task_filter(kind))] for kind in KINDS}
     columns = ["one-digit", "two-digit", "reached at step", "steps per stage", "rl_s"]
     lines = []
     for seed in args.seeds:
@@ -141,8 +140,8 @@ def main() -> None:
         for name, stages in arms.items():
             rows[name] = train(model, env, args.work_dir / f"seed{seed}" / name, seed, args, stages)
         for name, row in rows.items():
-            for kind in KINDS:
-                row[kind] = evaluate(env, row["final"], kind, args.work_dir / f"seed{seed}" / f"eval-{name}-{kind}")
+            for kind, tasks in heldout.items():
+                row[kind] = evaluate(env, row["final"], tasks, args.work_dir / f"seed{seed}" / f"eval-{name}-{kind}")
             cells = [f"{row[c]:.3f}" if isinstance(row.get(c), float) else str(row.get(c, "-")) for c in columns]
             lines.append(f"| {seed} | {name} | " + " | ".join(cells) + " |")
         print("\n".join(lines[-3:]), flush=True)

@@ -168,9 +168,10 @@ def sign_slip_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> di
     return call
 
 
-def slips(question: str) -> bool:
-    """Whether the sign-slip reference drops the sign on this question: a fixed hash, the same in every run."""
-    return zlib.crc32(question.encode()) % 1000 < SIGN_SLIP_SHARE * 1000
+def slips(question: str, share: float = SIGN_SLIP_SHARE) -> bool:
+    """Whether the sign-slip reference drops the sign on this question: a fixed hash, the same in every run, that
+    picks a share ``share`` of all questions."""
+    return zlib.crc32(question.encode()) % 1000 < share * 1000
 
 
 SYSTEM_PROMPT = (
