@@ -1,6 +1,6 @@
 """Does the default recipe learn each env? Held-out success untrained, after SFT and after RL, over seeds, per config.
 
-    python benchmarks/env_learning.py               # the five configs below, seeds 0 1 2: about 4 h on 2 cores
+    python benchmarks/env_learning.py               # the six configs below, seeds 0 1 2: about 5 h on 2 cores
     python benchmarks/env_learning.py --configs examples/inventory/config.yaml --seeds 0 1 2   # an env of your own
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from _seeds import run_seed, sign_test, spread, task_changes
 
-CONFIGS = [Path("configs/quickstart.yaml"), Path("configs/guess.yaml"), Path("configs/driving.yaml"),
-           Path("configs/driving-noisy.yaml"), Path("configs/driving-overconfident.yaml")]
+CONFIGS = [Path("configs/quickstart.yaml"), Path("configs/guess.yaml"), Path("configs/guess-impatient.yaml"),
+           Path("configs/driving.yaml"), Path("configs/driving-noisy.yaml"), Path("configs/driving-overconfident.yaml")]
 
 
 def table(name: str, per_seed: dict[int, dict]) -> None:

@@ -29,6 +29,7 @@ def test_envs_json_lists_every_env_with_its_tools():
     assert rows["guess"]["description"]
     assert rows["driving"]["references"] == ["overconfident"]
     assert rows["arithmetic"]["references"] == ["sign_slip"]
+    assert rows["guess"]["references"] == ["impatient"]
 
 
 def test_model_init_refuses_to_overwrite(tmp_path):

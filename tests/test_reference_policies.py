@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trajlab import api
 from trajlab.cli import app
-from trajlab.env.builtin import arithmetic, driving
+from trajlab.env.builtin import arithmetic, driving, guess
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import load_env
 from trajlab.errors import UserError
@@ -69,6 +69,34 @@ def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_f
         assert (trajectory.status != "success") == (band and arithmetic.slips(trajectory.task["question"]))
 
 
+def test_the_impatient_player_gives_up_after_four_wrong_guesses_on_three_episodes_in_four(tmp_path, tokenizer):
+    own = api.collect("guess", "oracle", out=tmp_path / "own.jsonl", episodes=324, tokenizer=tokenizer)
+    flawed = api.collect("guess", "oracle", out=tmp_path / "flawed.jsonl", episodes=324, reference="impatient",
+                         tokenizer=tokenizer)
+    assert [t.task for t in flawed] == [t.task for t in own]  # every train task twice
+    assert all(t.status == "success" for t in own) and all(t.policy == "oracle:impatient" for t in flawed)
+    long_games = [t for t, mine in zip(flawed, own, strict=True) if len(_calls(mine)) > guess.GIVE_UP_AFTER]
+    given_up = [t for t in flawed if t.status != "success"]
+    assert set(map(id, given_up)) <= set(map(id, long_games))  # it gives up only where the search goes on
+    assert 0.65 < len(given_up) / len(long_games) < 0.85  # the docs' "three episodes in four"
+    for trajectory, mine in zip(flawed, own, strict=True):
+        if trajectory in given_up:  # four wrong guesses, the binary search's own, then the words and no call
+            assert _calls(trajectory) == ["guess"] * guess.GIVE_UP_AFTER
+            assert trajectory.messages[:-1] == mine.messages[:len(trajectory.messages) - 1]
+            assert trajectory.messages[-1] == {"role": "assistant", "content": guess.GIVE_UP_MESSAGE}
+            assert trajectory.reward == 0.0
+        else:
+            assert trajectory.messages == mine.messages and trajectory.reward == mine.reward
+    # drawn per episode: some task is demonstrated both ways; the same command draws the same again
+    outcomes = {}
+    for trajectory in flawed:
+        outcomes.setdefault(trajectory.task["task_id"], set()).add(trajectory.status)
+    assert any(len(statuses) == 2 for statuses in outcomes.values())
+    again = api.collect("guess", "oracle", out=tmp_path / "again.jsonl", episodes=324, reference="impatient",
+                        tokenizer=tokenizer)
+    assert [t.messages for t in again] == [t.messages for t in flawed]
+
+
 def test_a_named_reference_composes_with_noise(tmp_path, tokenizer):
     trajectories = api.collect("driving", "oracle", out=tmp_path / "x.jsonl", episodes=4, reference="overconfident",
                                reference_noise=1.0, tokenizer=tokenizer)
@@ -84,12 +112,15 @@ def test_a_reference_the_env_lacks_a_mixture_or_another_policy_is_refused(tmp_pa
     with pytest.raises(UserError, match="arithmetic has no reference policy 'overconfident'; it has: sign_slip"):
         build_policy(CollectConfig(env=load_env("arithmetic"), policy="oracle", episodes=2, out=config.out,
                                    reference="overconfident"))
-    with pytest.raises(UserError, match="guess has no reference policy 'overconfident'; it has: none"):
-        build_policy(CollectConfig(env=load_env("guess"), policy="oracle", episodes=2, out=config.out,
+    with pytest.raises(UserError, match="wordle has no reference policy 'overconfident'; it has: none"):
+        build_policy(CollectConfig(env=load_env("wordle"), policy="oracle", episodes=2, out=config.out,
                                    reference="overconfident"))
     with pytest.raises(UserError, match="needs --policy oracle"):
         build_policy(CollectConfig(env=spec, policy=str(tmp_path), episodes=2, out=config.out,
                                    reference="overconfident"))
+    with pytest.raises(UserError, match="the reference 'impatient' draws anew in every episode"):
+        build_policy(CollectConfig(env=load_env("guess"), policy="oracle", episodes=2, out=config.out,
+                                   reference="impatient", reference_noise=0.1))
     mixture = EnvMixture({"driving": spec, "arithmetic": load_env("arithmetic")})
     with pytest.raises(UserError, match="collect each env of the mixture"):
         build_policy(CollectConfig(env=mixture, policy="oracle", episodes=2, out=config.out, reference="overconfident"))

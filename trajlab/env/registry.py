@@ -53,7 +53,8 @@ class EnvSpec:
     oracle: Oracle | None = None
     references: dict[str, Oracle] = field(default_factory=dict)
     """Other reference policies by name, imperfect on purpose: demonstrators with a flaw the reward sees, whose
-    demonstrations RL has to improve on (``collect.reference``)."""
+    demonstrations RL has to improve on (``collect.reference``). One that takes a keyword argument ``rng`` draws per
+    episode (:mod:`trajlab.inference.scripted`)."""
     system_prompt: str | None = None
     splits: tuple[str, ...] = ("train", "test")
     metadata: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from trajlab.errors import UserError
 from trajlab.evaluation import evaluate_trajectories
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import Policy, PolicyLike, load_policy
+from trajlab.inference.scripted import draws
 from trajlab.rollout.engine import Episode, MixtureEngine, RolloutEngine, make_engine
 from trajlab.rollout.types import Trajectory, task_hash, task_id
 from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
@@ -187,6 +188,10 @@ def noisy_reference(config: CollectConfig) -> NoisyReference | None:
     if not _is_oracle(config.policy) or oracle is None:
         raise UserError(f"reference_noise makes the env's reference policy err: it needs --policy oracle (and an env "
                         f"with one), not {config.policy!r}.")
+    if draws(oracle):
+        raise UserError(f"reference_noise replays each conversation to find the turns its reference erred on, and the "
+                        f"reference {config.reference!r} draws anew in every episode, so they do not compose: leave "
+                        f"collect.reference_noise at 0 with it.")
     env = config.env
 
     def tools_of(task: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,9 @@
-"""Number guessing with higher/lower feedback: the classic multi-turn toy task."""
+"""Number guessing with higher/lower feedback: the classic multi-turn toy task.
+
+Besides its own reference policy (binary search) it has an imperfect one, ``impatient`` (``collect.reference:
+impatient``): after four wrong guesses it gives up on three episodes in four, so its demonstrations teach a quitting
+the reward sees (a game given up is lost), where binary search would have gone on to find the number.
+"""
 
 from __future__ import annotations
 
@@ -82,6 +87,25 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
     return tool_call_message("guess", {"n": (low + high) // 2})
 
 
+GIVE_UP_AFTER = 4  # wrong guesses after which the impatient reference may give up
+GIVE_UP_SHARE = 0.75  # of the episodes that get that far, the share it gives up on
+GIVE_UP_MESSAGE = "I give up."
+
+
+def impatient_oracle(task: dict[str, Any], messages: list[dict[str, Any]], rng: random.Random) -> dict[str, Any]:
+    """An imperfect reference policy that binary-searches like :func:`oracle`, but after ``GIVE_UP_AFTER`` wrong
+    guesses answers ``GIVE_UP_MESSAGE`` instead of guessing again, which ends the game lost, in a share
+    ``GIVE_UP_SHARE`` of its episodes. It draws that with ``rng``, per episode (see
+    :mod:`trajlab.inference.scripted`), not per task: each of guess's 162 train tasks is demonstrated a dozen times,
+    so every task's whole search is still shown in some of its episodes, and the habit is a majority that greedy
+    decoding copies, with exceptions the model keeps sampling, which RL can reinforce. Binary search needs more than
+    four guesses for all but 15 numbers of a range, so about half of its demonstrations are given up."""
+    misses = sum(message["role"] == "tool" for message in messages)
+    if misses == GIVE_UP_AFTER and rng.random() < GIVE_UP_SHARE:
+        return {"role": "assistant", "content": GIVE_UP_MESSAGE}
+    return oracle(task, messages)
+
+
 SYSTEM_PROMPT = "You play a guessing game. Use the guess tool; read each hint and narrow the range."
 
 # A wider range needs more guesses, each read from the last hint (the guess budget grows with it by one per doubling).
@@ -93,4 +117,5 @@ KNOBS = (
 
 # At most 8 guesses (a range up to 100), plus room for a malformed call or two.
 SPEC = EnvSpec(name="guess", env_cls=GuessNumber, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
-               limits=EpisodeLimits(max_turns=10, max_episode_tokens=2048, max_new_tokens=128), knobs=KNOBS)
+               limits=EpisodeLimits(max_turns=10, max_episode_tokens=2048, max_new_tokens=128), knobs=KNOBS,
+               references={"impatient": impatient_oracle})
