@@ -39,7 +39,6 @@ from typing import Any
 
 from trajlab import api
 from trajlab.cli.output import Verbosity, configure
-from trajlab.env.base import tool_call_message
 from trajlab.env.builtin import arithmetic
 from trajlab.env.registry import EnvSpec, Oracle, load_env
 from trajlab.models import init_tiny_model
@@ -62,13 +61,8 @@ def demonstrator(easy_slip: float) -> Oracle:
     on a share ``easy_slip`` of the one-digit ones (which ones: a hash of the question, the same in every run)."""
 
     def act(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
-        call = arithmetic.oracle(task, messages)
-        function = call["tool_calls"][0]["function"]
-        negative_product = task["ops"][-1] == "multiply" and task["answer"] < 0
-        slipped = task["answer"] <= -10 or arithmetic.slips(task["question"], easy_slip)
-        if function["name"] == "submit" and negative_product and slipped:
-            return tool_call_message("submit", {"answer": abs(function["arguments"]["answer"])})
-        return call
+        slipped = task["answer"] <= -10 or arithmetic.slips(task["question"], easy_slip)  # abs: no-op on the rest
+        return arithmetic.oracle_dropping_sign(task, messages, slipped)
 
     return act
 

@@ -161,9 +161,15 @@ def sign_slip_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> di
     ``SIGN_SLIP_SHARE`` of those tasks (which ones depends on the question only, so a task is demonstrated the same
     way every time); otherwise it acts as :func:`oracle` does. So it fails most tasks ``(a - b) * c`` with ``a < b``
     and solves the rest."""
+    return oracle_dropping_sign(task, messages, slips(task["question"]))
+
+
+def oracle_dropping_sign(task: dict[str, Any], messages: list[dict[str, Any]], slipped: bool) -> dict[str, Any]:
+    """:func:`oracle`'s move, except that where ``slipped`` a final product is submitted without its sign: the move
+    of every sign-slip demonstrator, whichever tasks it slips on."""
     call = oracle(task, messages)
     function = call["tool_calls"][0]["function"]
-    if function["name"] == "submit" and task["ops"][-1] == "multiply" and slips(task["question"]):
+    if slipped and function["name"] == "submit" and task["ops"][-1] == "multiply":
         return tool_call_message("submit", {"answer": abs(function["arguments"]["answer"])})
     return call
 
