@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.base import tool_names
 from trajlab.env.registry import EnvSpec, load_env
-from trajlab.models import load_tokenizer
-from trajlab.train.rl import run_rl
+from trajlab.models.loading import load_tokenizer
 
 
 def slow_tools(spec: EnvSpec, latency_s: float) -> EnvSpec:
@@ -61,7 +60,6 @@ def main() -> None:
         raise SystemExit(f"{args.model} is not a model directory: run `bash scripts/quickstart.sh` first, or pass "
                          "--model.")
 
-    from trajlab import api
 
     env = slow_tools(load_env("arithmetic"), args.tool_latency)
     tokenizer = load_tokenizer(args.model)
@@ -75,11 +73,11 @@ def main() -> None:
         if (out / "metrics.jsonl").exists():
             (out / "metrics.jsonl").unlink()
         began = time.perf_counter()
-        final = run_rl(args.model, tokenizer, resolve_chat_template(tokenizer), env, settings, rollout, out,
-                       device="cpu")
+        final = trajlab.rl(args.model, env, out, tokenizer=tokenizer, rollout=rollout, device="cpu",
+                           **settings.model_dump())
         wall = time.perf_counter() - began
         steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        report = api.evaluate("arithmetic", str(final), num_tasks=args.eval_tasks, temperature=0.0,
+        report = trajlab.evaluate("arithmetic", str(final), num_tasks=args.eval_tasks, temperature=0.0,
                               rollout={"max_turns": 4, "max_new_tokens": 40, "max_episode_tokens": 512,
                                        "concurrency": 64})
         rows.append((name, wall, steps, report.success_rate))

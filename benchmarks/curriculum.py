@@ -37,11 +37,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trajlab import api
+import trajlab
 from trajlab.cli.output import Verbosity, configure
 from trajlab.env.builtin import arithmetic
 from trajlab.env.registry import EnvSpec, Oracle, load_env
-from trajlab.models import init_tiny_model
+from trajlab.models.tiny import init_tiny_model
 from trajlab.train.curriculum import matches
 
 REWARDS = {"env": 1.0, "progress": 1.0}
@@ -74,9 +74,9 @@ def start_model(env: EnvSpec, seed: int, args: argparse.Namespace) -> Path:
     if (final / "config.json").exists():
         return final
     base = init_tiny_model(work / "model", seed=seed, overwrite=True)
-    demos = api.collect(env, "oracle", out=work / "demos.jsonl", tokenizer=str(base), episodes=args.demos,
+    demos = trajlab.collect(env, "oracle", out=work / "demos.jsonl", tokenizer=str(base), episodes=args.demos,
                         rollout=ROLLOUT, seed=seed, reference="magnitude_slip")
-    return api.sft(base, demos, work / "sft", device="cpu", max_steps=args.sft_steps, batch_size=8,
+    return trajlab.sft(base, demos, work / "sft", device="cpu", max_steps=args.sft_steps, batch_size=8,
                    learning_rate=3e-3, lr_scheduler="cosine", warmup_steps=min(10, args.sft_steps),
                    save_steps=args.sft_steps, seed=seed, dataset={"include_failures": True})
 
@@ -84,7 +84,7 @@ def start_model(env: EnvSpec, seed: int, args: argparse.Namespace) -> Path:
 def train(model: Path, env: EnvSpec, out: Path, seed: int, args: argparse.Namespace,
           stages: list[dict[str, Any]]) -> dict[str, Any]:
     """One arm's RL run (resumed if ``out`` holds one): when it reached the hard setting, and its steps per stage."""
-    api.rl(model, env, out, device="cpu", seed=seed, resume=True, rollout=ROLLOUT, curriculum={"stages": stages},
+    trajlab.rl(model, env, out, device="cpu", seed=seed, resume=True, rollout=ROLLOUT, curriculum={"stages": stages},
            steps=args.steps, tasks_per_step=args.tasks_per_step, group_size=args.group_size,
            save_steps=args.steps, estimator="grpo", credit="turn", rewards=REWARDS,
            learning_rate=args.learning_rate, warmup_steps=min(2, args.steps), lr_scheduler="constant")
@@ -100,7 +100,7 @@ def train(model: Path, env: EnvSpec, out: Path, seed: int, args: argparse.Namesp
 
 
 def evaluate(env: EnvSpec, model: Path, tasks: list[dict[str, Any]], out: Path) -> float:
-    return api.evaluate(env, str(model), tasks=tasks, out=out, rollout=ROLLOUT, rewards=REWARDS, device="cpu",
+    return trajlab.evaluate(env, str(model), tasks=tasks, out=out, rollout=ROLLOUT, rewards=REWARDS, device="cpu",
                         temperature=0.0).success_rate
 
 

@@ -20,7 +20,8 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import init_tiny_model, load_tokenizer
+from trajlab.models.loading import load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.engine import Episode, make_engine
 

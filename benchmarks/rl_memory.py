@@ -11,7 +11,7 @@ resident memory just before the measured work began.
    4 layers, hidden 192, tied embeddings; about 30M parameters, float32, random weights, built from the config),
    a batch of ``--batch`` episodes of L tokens each (``--prompt-tokens`` of prompt, the rest model tokens, all with
    loss), synthetic token ids. One forward + backward + AdamW step, no KL term, temperature 1:
-   - ``trajlab``: ``trajlab.train.rl._policy_loss`` (GRPO, clipped ratio against the rollout's logprobs);
+   - ``trajlab``: ``trajlab.train.loss.policy_loss`` (GRPO, clipped ratio against the rollout's logprobs);
    - ``trl``: ``GRPOTrainer._compute_loss`` of a real TRL 1.16 trainer built on the same model (``loss_type="grpo"``,
      ``beta=0``), fed the same batch as its ``inputs`` dict (prompt/completion ids and masks, per-sequence
      advantages); TRL's trainer adds its fused, tiled LM head to the model as it always does;
@@ -65,7 +65,7 @@ def real_vocab_model(seed: int) -> Any:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from trajlab.models import TINY_MODEL_CONFIG
+    from trajlab.models.tiny import TINY_MODEL_CONFIG
 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=QWEN3_VOCAB, pad_token_id=0, eos_token_id=1, bos_token_id=None,
@@ -87,6 +87,7 @@ def synthetic_batch(batch: int, length: int, prompt: int, seed: int) -> dict[str
         "advantages": torch.cat([torch.zeros(batch, prompt), torch.linspace(-1, 1, batch)[:, None].expand(-1,
                                                                                              completion)], dim=1),
         "completion_start": prompt,
+        "images": [],
     }
 
 
@@ -106,7 +107,7 @@ def update_worker(framework: str, args: argparse.Namespace, length: int) -> dict
     import torch
 
     from trajlab.config import RLSettings
-    from trajlab.train import logprobs, rl
+    from trajlab.train import logprobs, loss
 
     if args.chunk_tokens:
         logprobs.CHUNK_TOKENS = args.chunk_tokens
@@ -128,18 +129,18 @@ def update_worker(framework: str, args: argparse.Namespace, length: int) -> dict
             "old_per_token_logps": batch["old_logprobs"][:, completion],
         }
 
-        def loss() -> Any:
+        def step_loss() -> Any:
             return trainer._compute_loss(model, inputs)
     else:
         if framework == "naive":
-            rl._token_logprobs = naive_token_logprobs
+            loss.token_logprobs = naive_token_logprobs
 
-        def loss() -> Any:
-            return rl._policy_loss(model, None, batch, settings, normaliser=float(args.batch))["loss_tensor"]
+        def step_loss() -> Any:
+            return loss.policy_loss(model, None, batch, settings, normaliser=float(args.batch))["loss_tensor"]
 
     before = rss_bytes()
     began = time.perf_counter()
-    loss().backward()
+    step_loss().backward()
     optimizer.step()
     optimizer.zero_grad()
     seconds = time.perf_counter() - began
@@ -153,7 +154,7 @@ def trl_trainer(model: Any, args: argparse.Namespace) -> Any:
     from transformers import PreTrainedTokenizerFast
     from trl import GRPOConfig, GRPOTrainer
 
-    from trajlab.models import load_tokenizer
+    from trajlab.models.loading import load_tokenizer
 
     tokenizer: PreTrainedTokenizerFast = load_tokenizer(args.tiny_model)  # a processing class; ids are synthetic
     config = GRPOConfig(
@@ -182,7 +183,7 @@ def rollout_runner(framework: str, args: argparse.Namespace) -> Any:
 
     from trajlab.inference.base import GenerationRequest, SamplingParams
     from trajlab.inference.hf import HFGenerator
-    from trajlab.models import load_model, load_tokenizer
+    from trajlab.models.loading import load_model, load_tokenizer
 
     model = load_model(args.tiny_model).eval()
     tokenizer = load_tokenizer(args.tiny_model)
@@ -286,7 +287,7 @@ def main() -> None:
         Path(out).write_text(json.dumps(result))
         return
 
-    from trajlab.models import init_tiny_model
+    from trajlab.models.tiny import init_tiny_model
 
     if not (args.tiny_model / "config.json").exists():
         init_tiny_model(args.tiny_model, seed=args.seed, overwrite=True)

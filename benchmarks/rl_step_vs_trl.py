@@ -8,7 +8,7 @@ What runs, top to bottom:
    ``--sft-steps 0``, fine-tune it briefly on reference demonstrations. A randomly initialised model never writes a
    parseable tool call, so without this both frameworks would time single-turn generation only.
 2. each framework in its own subprocess, one after the other, so neither disturbs the other's timing:
-   - trajlab: ``run_rl`` (rollouts with the trajlab engine, then a clipped policy-gradient update);
+   - trajlab: ``trajlab.rl`` (rollouts with the trajlab engine, then a clipped policy-gradient update);
    - TRL: ``GRPOTrainer`` with the same env class as ``environment_factory`` (TRL calls ``reset(**row)``), the same
      train tasks, in the same order, as dataset rows; tool calls parsed through ``tokenizer.response_template``.
    Both: ``tasks_per_step x group_size`` rollouts per step and one optimizer step on all of them, the same learning
@@ -124,7 +124,7 @@ class Meter:
 
 
 def train_tasks(shape: Shape) -> list[dict[str, Any]]:
-    """The tasks of all steps in the order trajlab's ``run_rl`` draws them (train split, seeded order)."""
+    """The tasks of all steps in the order ``trajlab.rl`` draws them (train split, seeded order)."""
     return list(itertools.islice(SPEC.iter_tasks("train", shape.seed), shape.tasks_per_step * shape.total_steps))
 
 
@@ -132,11 +132,10 @@ def train_tasks(shape: Shape) -> list[dict[str, Any]]:
 
 
 def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
-    from trajlab.chat.template import resolve_chat_template
+    import trajlab
     from trajlab.config import RLSettings, RolloutSettings
     from trajlab.inference.hf import HFGenerator
-    from trajlab.models import load_tokenizer
-    from trajlab.train.rl import run_rl
+    from trajlab.models.loading import load_tokenizer
 
     meter = Meter()
     generate_batch = HFGenerator._generate_batch
@@ -166,10 +165,10 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     started = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     env = dataclasses.replace(SPEC, env_cls=CountingArithmetic)
-    run_rl(model_dir, tokenizer, resolve_chat_template(tokenizer), env, settings, rollout, out_dir, seed=shape.seed,
-           on_step=on_step)
+    trajlab.rl(model_dir, env, out_dir, tokenizer=tokenizer, rollout=rollout, seed=shape.seed, on_step=on_step,
+               **settings.model_dump())
     steps = meter.per_step(started)
-    # run_rl loads the model and builds its engine before step 1: setup is what step 1 took beyond its own work.
+    # trajlab.rl loads the model and builds its engine before step 1: setup is what step 1 took beyond its own work.
     setup_s = steps[0]["wall_s"] - steps[0]["rollout_s"] - steps[0]["update_s"]
     steps[0]["wall_s"] -= setup_s
     return {"setup_s": setup_s, "steps": steps}
@@ -181,7 +180,7 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trajlab.models import load_model, load_tokenizer
+    from trajlab.models.loading import load_model, load_tokenizer
 
     meter = Meter()
     logged: list[dict[str, float]] = []
@@ -257,9 +256,9 @@ WORKERS = {"trajlab": run_trajlab, "trl": run_trl}
 
 def prepare_model(work_dir: Path, seed: int, sft_steps: int) -> Path:
     """The benchmark model: ``init_tiny_model(seed)``, then ``sft_steps`` of SFT on reference demos (cached)."""
+    import trajlab
     from trajlab.data.store import read_trajectories
-    from trajlab.models import init_tiny_model
-    from trajlab.recipes.collect import CollectConfig, collect
+    from trajlab.models.tiny import init_tiny_model
 
     base = work_dir / f"tiny-seed{seed}"
     if not (base / "config.json").exists():
@@ -269,8 +268,8 @@ def prepare_model(work_dir: Path, seed: int, sft_steps: int) -> Path:
     tuned = work_dir / f"tiny-seed{seed}-sft{sft_steps}"
     if not (tuned / "config.json").exists():
         demos = work_dir / f"demos-seed{seed}.jsonl"  # other task order than the benchmark's (seed + 1)
-        collect(CollectConfig(env=SPEC, policy="oracle", episodes=8 * sft_steps, out=demos, seed=seed + 1,
-                              tokenizer=str(base), concurrency=64))
+        trajlab.collect(SPEC, "oracle", out=demos, episodes=8 * sft_steps, seed=seed + 1, tokenizer=str(base),
+                        rollout={"concurrency": 64})
         sft_warm_start(base, tuned, list(read_trajectories(demos))[: 8 * sft_steps], sft_steps, seed)
     return tuned
 
@@ -280,7 +279,7 @@ def sft_warm_start(base: Path, out: Path, demos: list[Any], steps: int, seed: in
     """Next-token loss on the demos' model tokens only: enough for the tiny model to write tool calls."""
     import torch
 
-    from trajlab.models import load_model, load_tokenizer
+    from trajlab.models.loading import load_model, load_tokenizer
 
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(base)

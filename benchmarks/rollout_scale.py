@@ -23,7 +23,7 @@ from pathlib import Path
 from trajlab.chat.parsers import get_parser
 from trajlab.env.registry import load_env
 from trajlab.inference.policy import load_policy
-from trajlab.models import init_tiny_model
+from trajlab.models.tiny import init_tiny_model
 from trajlab.rollout.engine import Episode, make_engine
 
 
@@ -49,12 +49,15 @@ def in_process(env_name: str, model_dir: Path, count: int) -> tuple[float, float
 
 def on_workers(env_name: str, model_dir: Path, count: int, workers: int, run_dir: Path) -> tuple[float, float, int]:
     """As :func:`in_process` on ``workers`` Ray actors; returns (start-up s, rollout s, successes)."""
-    from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec
+    from trajlab.collection.workers import RayRolloutRunner, WorkerSpec
+    from trajlab.config import ModelSettings, RolloutSettings
 
     env = load_env(env_name)
-    spec = WorkerSpec(env=env, policy="oracle", tokenizer=str(model_dir), max_batch_size=count)
+    rollout = RolloutSettings(workers=workers, ray_address="local", concurrency=count)
+    spec = WorkerSpec(env=env, policy="oracle", tokenizer=str(model_dir), model=ModelSettings(), rollout=rollout,
+                      temperature=1.0, seed=0)
     began = time.perf_counter()
-    runner = RayRolloutRunner(spec, workers, address="local", run_dir=run_dir, concurrency=count)
+    runner = RayRolloutRunner(spec, run_dir=run_dir)
     started = time.perf_counter()
     try:
         done = asyncio.run(runner.run(episodes(env_name, count), concurrency=count))

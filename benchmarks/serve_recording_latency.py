@@ -33,7 +33,8 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import render, resolve_chat_template, stop_token_ids
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import init_tiny_model, load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
 
 MODEL = "tiny"

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trajlab.models import init_tiny_model
+from trajlab.models.tiny import init_tiny_model
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "seven", "green", "birds", "sang", "about", "rivers",
          "mountains", "and", "old", "tools"]

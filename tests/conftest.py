@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from trajlab.chat.template import resolve_chat_template
-from trajlab.models import init_tiny_model, load_tokenizer
+from trajlab.models.loading import load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +29,6 @@ def tiny_template(tiny_tokenizer) -> str:
 @pytest.fixture(scope="session")
 def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny offline vision-language model (Gemma 3 architecture), built once."""
-    from trajlab.vision import init_tiny_vision_model
+    from trajlab.models.tiny_vision import init_tiny_vision_model
 
     return init_tiny_vision_model(tmp_path_factory.mktemp("models") / "tiny-vl", seed=0)

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
-from trajlab.data.store import read_trajectories, task_ids
+from trajlab.data.store import read_trajectories, task_keys
 from trajlab.env.registry import load_env, registered_names
-from trajlab.models import load_processor
+from trajlab.models.loading import load_processor
 
 runner = CliRunner()
 
@@ -157,15 +157,15 @@ def test_collect_refuses_a_text_model_for_an_env_that_shows_images(tmp_path, tin
 def test_dtype_bfloat16_on_the_cpu_loads_bfloat16_and_collect_and_eval_run(tmp_path, tiny_model_dir, monkeypatch):
     import torch
 
-    from trajlab import models
+    from trajlab.models import loading
 
-    loaded, real = [], models.load_model
+    loaded, real = [], loading.load_model
 
     def spy(*args, **kwargs):  # the real loader, watched: which device and dtype each command loaded
         loaded.append(real(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr(models, "load_model", spy)
+    monkeypatch.setattr(loading, "load_model", spy)
     out = tmp_path / "bf16.jsonl"
     result = invoke("collect", "--env", "arithmetic", "--policy", tiny_model_dir, "--episodes", 2, "--max-new-tokens",
                     12, "--max-turns", 1, "--device", "cpu", "--dtype", "bfloat16", "--out", out)
@@ -208,8 +208,8 @@ def test_rl_draws_none_of_the_tasks_of_the_file_it_skips(tmp_path, tiny_model_di
                     "--tasks-per-step", 2, "--group-size", 2, "--skip-tasks-of", demos,
                     "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=8")
     assert result.exit_code == 0, result.stdout
-    trained = task_ids(tmp_path / "rl" / "rollouts.jsonl")
-    assert len(trained) == 2 and trained.isdisjoint(task_ids(demos))
+    trained = task_keys(tmp_path / "rl" / "rollouts.jsonl")
+    assert len(trained) == 2 and trained.isdisjoint(task_keys(demos))
 
 
 def test_float16_weights_are_not_trained(tmp_path, tiny_model_dir):

@@ -113,7 +113,7 @@ def _run_without(code: str, hidden: list[str] = OPTIONAL) -> subprocess.Complete
 
 
 def test_core_modules_import_without_the_extras():
-    feature_modules = ("trajlab.proxy", "trajlab.evolution.run", "trajlab.evolution.adapter",
+    feature_modules = ("trajlab.proxy", "trajlab.evolution.search", "trajlab.evolution.adapter",
                        "trajlab.env.builtin.bfcl", "trajlab.env.builtin.odd_one_out")
     modules = [m.name for m in pkgutil.walk_packages(trajlab.__path__, "trajlab.")
                if not m.name.startswith(feature_modules) and not m.name.endswith("__main__")]  # a script, run

@@ -21,18 +21,16 @@ from trl.chat_template_utils import (
     qwen3_template,
 )
 
-from trajlab.models import (
+from trajlab.models.devices import resolve_device, resolve_dtype
+from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.models.offline_tokenizer import build_offline_tokenizer
+from trajlab.models.tiny import (
     TINY_ADDED_TOKENS,
     TINY_CHAT_TEMPLATE,
     TINY_RESPONSE_TEMPLATE,
     TINY_SPECIAL_TOKENS,
     TINY_VOCAB_SIZE,
-    build_offline_tokenizer,
     init_tiny_model,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-    resolve_dtype,
 )
 
 TOOLS = [

@@ -8,15 +8,18 @@ from collections import defaultdict
 import pytest
 from typer.testing import CliRunner
 
-from trajlab import api
+import trajlab
 from trajlab.cli import app
+from trajlab.collection.demonstrators import demonstrator
+from trajlab.collection.plan import episode_tag, plan_episodes
 from trajlab.config import ConfigError, load_config
 from trajlab.env.base import tool_call_message
 from trajlab.env.noisy import NoisyReference, wrong_call
 from trajlab.env.registry import load_env
 from trajlab.errors import UserError
-from trajlab.models import ensure_default_model, load_tokenizer
-from trajlab.recipes.collect import CollectConfig, noisy_reference, plan_episodes
+from trajlab.models.loading import load_tokenizer
+from trajlab.models.tiny import ensure_default_model
+from trajlab.recipes.sft import without_drift
 
 TOOLS = [
     {"type": "function", "function": {"name": "move", "parameters": {"type": "object", "properties": {
@@ -80,12 +83,13 @@ def tokenizer():
 
 def test_noisy_demonstrations_are_reproducible_token_exact_marked_and_at_about_the_rate(tmp_path, tokenizer):
     spec = load_env("arithmetic")  # every task's conversation is its own: mistakes fall on turns at random
-    noisy = api.collect(spec, "oracle", out=tmp_path / "a.jsonl", episodes=200, reference_noise=0.3, seed=1,
+    noisy = trajlab.collect(spec, "oracle", out=tmp_path / "a.jsonl", episodes=200, reference_noise=0.3, seed=1,
                         tokenizer=tokenizer)
-    again = api.collect(spec, "oracle", out=tmp_path / "b.jsonl", episodes=200, reference_noise=0.3, seed=1,
+    again = trajlab.collect(spec, "oracle", out=tmp_path / "b.jsonl", episodes=200, reference_noise=0.3, seed=1,
                         tokenizer=tokenizer)
     assert [t.tokens for t in noisy] == [t.tokens for t in again]
-    assert len(api.without_drift(noisy, tokenizer)) == len(noisy)  # the chat template's own tokens, turn by turn
+    # the chat template's own tokens, turn by turn
+    assert len(without_drift(noisy, tokenizer, parser="auto", max_drift=0.0, processor=None)) == len(noisy)
 
     assert [t.status for t in noisy if t.status == "error"] == [], "the oracle goes on from any mistake"
     erred = turns = 0
@@ -102,22 +106,24 @@ def test_noisy_demonstrations_are_reproducible_token_exact_marked_and_at_about_t
     # a wrong step almost always costs the answer: about 0.7 ** 3 of the episodes succeed
     assert 0.25 < sum(t.status == "success" for t in noisy) / len(noisy) < 0.45
 
-    other_seed = api.collect(spec, "oracle", out=tmp_path / "c.jsonl", episodes=50, reference_noise=0.3, seed=2,
+    other_seed = trajlab.collect(spec, "oracle", out=tmp_path / "c.jsonl", episodes=50, reference_noise=0.3, seed=2,
                              tokenizer=tokenizer)
     assert [t.metrics["reference_noise/turns"] for t in other_seed] != [
         t.metrics["reference_noise/turns"] for t in noisy[:50]]
-    clean = api.collect(spec, "oracle", out=tmp_path / "a.jsonl", episodes=20, seed=1, tokenizer=tokenizer)
+    clean = trajlab.collect(spec, "oracle", out=tmp_path / "a.jsonl", episodes=20, seed=1, tokenizer=tokenizer)
     assert all(t.policy == "oracle" and "reference_noise" not in t.metrics and t.status == "success" for t in clean)
 
 
 def test_noise_is_for_the_oracle_and_at_most_one(tmp_path):
     spec = load_env("arithmetic")
-    config = CollectConfig(env=spec, policy=str(tmp_path), episodes=2, out=tmp_path / "x.jsonl", reference_noise=0.2)
     with pytest.raises(UserError, match="needs --policy oracle"):
-        noisy_reference(config)
-    clean = CollectConfig(env=spec, policy="oracle", episodes=2, out=tmp_path / "x.jsonl")
-    assert [e.id + ":noise-0.2" for e in plan_episodes(clean)] == [
-        e.id for e in plan_episodes(CollectConfig(**{**clean.__dict__, "reference_noise": 0.2}))]
+        demonstrator(spec, str(tmp_path), reference=None, noise=0.2, seed=0)
+
+    def plan(noise):
+        return plan_episodes(spec, split="train", seed=0, episodes=2, samples_per_task=1, tasks=None,
+                             tag=episode_tag(spec, None, None, noise))
+
+    assert [e.id + ":noise-0.2" for e in plan(0.0)] == [e.id for e in plan(0.2)]
     with pytest.raises(ConfigError, match="collect.reference_noise"):
         load_config(None, {"collect": {"reference_noise": 1.5}})
 

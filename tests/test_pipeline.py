@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trajlab.cli import app
-from trajlab.data.store import read_trajectories, task_ids
+from trajlab.data.store import read_trajectories, task_keys
 from trajlab.env import load_env
 from trajlab.report import browser, read_embedded
 
@@ -53,7 +53,7 @@ def test_run_prints_one_row_per_evaluation_and_resumes(pipeline):
     assert "reward/mean" in data["curves"]["rl"] and "loss/sft_mean" in data["curves"]["sft"]
     assert any("rl/step" in t["metrics"] for t in data["trajectories"]), "RL's rollouts are in the browser"
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the report fetches nothing"
-    demonstrated, trained = task_ids(run / "demos.jsonl"), task_ids(run / "rl" / "rollouts.jsonl")
+    demonstrated, trained = task_keys(run / "demos.jsonl"), task_keys(run / "rl" / "rollouts.jsonl")
     assert len(demonstrated) == 16 and "leaving out the 16 train tasks" in result.stdout
     assert trained and trained.isdisjoint(demonstrated), "RL draws train tasks SFT was not fitted to"
 

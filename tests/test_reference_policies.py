@@ -6,14 +6,18 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trajlab import api
+import trajlab
 from trajlab.cli import app
+from trajlab.collection.demonstrators import demonstrator
+from trajlab.collection.engines import build_runner
+from trajlab.collection.plan import episode_tag, plan_episodes
+from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env.builtin import arithmetic, driving, guess
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import load_env
 from trajlab.errors import UserError
-from trajlab.models import ensure_default_model, load_tokenizer
-from trajlab.recipes.collect import CollectConfig, build_engine, build_policy, plan_episodes
+from trajlab.models.loading import load_tokenizer
+from trajlab.models.tiny import ensure_default_model
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +32,8 @@ def _calls(trajectory):
 
 def test_the_overconfident_driver_stops_too_late_only_where_a_lane_change_would_have_worked(tmp_path, tokenizer):
     spec = load_env("driving")
-    own = api.collect(spec, "oracle", out=tmp_path / "own.jsonl", episodes=300, tokenizer=tokenizer)
-    flawed = api.collect(spec, "oracle", out=tmp_path / "flawed.jsonl", episodes=300, reference="overconfident",
+    own = trajlab.collect(spec, "oracle", out=tmp_path / "own.jsonl", episodes=300, tokenizer=tokenizer)
+    flawed = trajlab.collect(spec, "oracle", out=tmp_path / "flawed.jsonl", episodes=300, reference="overconfident",
                          tokenizer=tokenizer)
     assert all(t.status == "success" and t.policy == "oracle" for t in own)
     assert [t.task for t in flawed] == [t.task for t in own]  # the same tasks, other episodes
@@ -48,8 +52,8 @@ def test_the_overconfident_driver_stops_too_late_only_where_a_lane_change_would_
 
 
 def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_four(tmp_path, tokenizer):
-    own = api.collect("arithmetic", "oracle", out=tmp_path / "own.jsonl", episodes=600, tokenizer=tokenizer)
-    flawed = api.collect("arithmetic", "oracle", out=tmp_path / "flawed.jsonl", episodes=600,
+    own = trajlab.collect("arithmetic", "oracle", out=tmp_path / "own.jsonl", episodes=600, tokenizer=tokenizer)
+    flawed = trajlab.collect("arithmetic", "oracle", out=tmp_path / "flawed.jsonl", episodes=600,
                          reference="sign_slip", tokenizer=tokenizer)
     assert [t.task for t in flawed] == [t.task for t in own]
     negative_products = [t for t in flawed if t.task["ops"][-1] == "multiply" and t.task["answer"] < 0]
@@ -62,7 +66,7 @@ def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_f
         assert slips == (trajectory in negative_products and arithmetic.slips(trajectory.task["question"]))
         assert submitted == (abs(trajectory.task["answer"]) if slips else trajectory.task["answer"])
         assert _calls(trajectory) == _calls(mine)  # every call before the submit is the env's own reference's
-    again = api.collect("arithmetic", "oracle", out=tmp_path / "again.jsonl", episodes=600, reference="sign_slip",
+    again = trajlab.collect("arithmetic", "oracle", out=tmp_path / "again.jsonl", episodes=600, reference="sign_slip",
                         tokenizer=tokenizer, seed=1)
     for trajectory in again:  # another seed, other tasks; a task slips or not by its question alone
         band = trajectory.task["ops"][-1] == "multiply" and trajectory.task["answer"] < 0
@@ -70,8 +74,8 @@ def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_f
 
 
 def test_the_impatient_player_gives_up_after_four_wrong_guesses_on_three_episodes_in_four(tmp_path, tokenizer):
-    own = api.collect("guess", "oracle", out=tmp_path / "own.jsonl", episodes=324, tokenizer=tokenizer)
-    flawed = api.collect("guess", "oracle", out=tmp_path / "flawed.jsonl", episodes=324, reference="impatient",
+    own = trajlab.collect("guess", "oracle", out=tmp_path / "own.jsonl", episodes=324, tokenizer=tokenizer)
+    flawed = trajlab.collect("guess", "oracle", out=tmp_path / "flawed.jsonl", episodes=324, reference="impatient",
                          tokenizer=tokenizer)
     assert [t.task for t in flawed] == [t.task for t in own]  # every train task twice
     assert all(t.status == "success" for t in own) and all(t.policy == "oracle:impatient" for t in flawed)
@@ -92,13 +96,13 @@ def test_the_impatient_player_gives_up_after_four_wrong_guesses_on_three_episode
     for trajectory in flawed:
         outcomes.setdefault(trajectory.task["task_id"], set()).add(trajectory.status)
     assert any(len(statuses) == 2 for statuses in outcomes.values())
-    again = api.collect("guess", "oracle", out=tmp_path / "again.jsonl", episodes=324, reference="impatient",
+    again = trajlab.collect("guess", "oracle", out=tmp_path / "again.jsonl", episodes=324, reference="impatient",
                         tokenizer=tokenizer)
     assert [t.messages for t in again] == [t.messages for t in flawed]
 
 
 def test_a_named_reference_composes_with_noise(tmp_path, tokenizer):
-    trajectories = api.collect("driving", "oracle", out=tmp_path / "x.jsonl", episodes=4, reference="overconfident",
+    trajectories = trajlab.collect("driving", "oracle", out=tmp_path / "x.jsonl", episodes=4, reference="overconfident",
                                reference_noise=1.0, tokenizer=tokenizer)
     assert all(t.policy == "oracle:overconfident+noise1" for t in trajectories)
     assert all(t.id.endswith(":reference-overconfident:noise-1") for t in trajectories)
@@ -106,30 +110,32 @@ def test_a_named_reference_composes_with_noise(tmp_path, tokenizer):
 
 def test_a_reference_the_env_lacks_a_mixture_or_another_policy_is_refused(tmp_path):
     spec = load_env("driving")
-    config = CollectConfig(env=spec, policy="oracle", episodes=2, out=tmp_path / "x.jsonl", reference="reckless")
+
+    def chosen(env, reference, policy="oracle", noise=0.0):
+        return demonstrator(env, policy, reference=reference, noise=noise, seed=0)
+
     with pytest.raises(UserError, match="driving has no reference policy 'reckless'; it has: overconfident"):
-        build_policy(config)
+        chosen(spec, "reckless")
     with pytest.raises(UserError, match="arithmetic has no reference policy 'overconfident'; it has: sign_slip"):
-        build_policy(CollectConfig(env=load_env("arithmetic"), policy="oracle", episodes=2, out=config.out,
-                                   reference="overconfident"))
+        chosen(load_env("arithmetic"), "overconfident")
     with pytest.raises(UserError, match="wordle has no reference policy 'overconfident'; it has: none"):
-        build_policy(CollectConfig(env=load_env("wordle"), policy="oracle", episodes=2, out=config.out,
-                                   reference="overconfident"))
+        chosen(load_env("wordle"), "overconfident")
     with pytest.raises(UserError, match="needs --policy oracle"):
-        build_policy(CollectConfig(env=spec, policy=str(tmp_path), episodes=2, out=config.out,
-                                   reference="overconfident"))
+        chosen(spec, "overconfident", policy=str(tmp_path))
     with pytest.raises(UserError, match="the reference 'impatient' draws anew in every episode"):
-        build_policy(CollectConfig(env=load_env("guess"), policy="oracle", episodes=2, out=config.out,
-                                   reference="impatient", reference_noise=0.1))
+        chosen(load_env("guess"), "impatient", noise=0.1)
     mixture = EnvMixture({"driving": spec, "arithmetic": load_env("arithmetic")})
     with pytest.raises(UserError, match="collect each env of the mixture"):
-        build_policy(CollectConfig(env=mixture, policy="oracle", episodes=2, out=config.out, reference="overconfident"))
+        chosen(mixture, "overconfident")
     with pytest.raises(UserError, match="run in this process only"):
-        build_engine(CollectConfig(env=spec, policy="oracle", episodes=2, out=config.out, reference="overconfident",
-                                   workers=2))
-    own = CollectConfig(env=spec, policy="oracle", episodes=2, out=config.out)
-    assert [e.id + ":reference-overconfident" for e in plan_episodes(own)] == [
-        e.id for e in plan_episodes(CollectConfig(**{**own.__dict__, "reference": "overconfident"}))]
+        build_runner(spec, "oracle", rollout=RolloutSettings(workers=2), model=ModelSettings(), temperature=1.0,
+                     seed=0, tokenizer=None, demonstrator=chosen(spec, "overconfident"), run_dir=tmp_path)
+
+    def plan(reference):
+        return plan_episodes(spec, split="train", seed=0, episodes=2, samples_per_task=1, tasks=None,
+                             tag=episode_tag(spec, None, reference, 0.0))
+
+    assert [e.id + ":reference-overconfident" for e in plan(None)] == [e.id for e in plan("overconfident")]
 
 
 def test_trajlab_collect_takes_a_reference(tmp_path):

@@ -1,4 +1,4 @@
-"""The tiny offline vision-language model (trajlab.vision): build, load, images reaching the logits, and its chat
+"""The tiny offline vision-language model (trajlab.models.tiny_vision): build, load, images reaching the logits,
 template with images in tool results."""
 
 from __future__ import annotations
@@ -30,15 +30,10 @@ from trl.chat_template_utils import (
 )
 
 from trajlab.chat.template import resolve_chat_template
-from trajlab.models import (
-    TINY_CHAT_TEMPLATE,
-    TINY_RESPONSE_TEMPLATE,
-    build_offline_tokenizer,
-    load_model,
-    load_processor,
-    load_tokenizer,
-)
-from trajlab.vision import (
+from trajlab.models.loading import load_model, load_processor, load_tokenizer
+from trajlab.models.offline_tokenizer import build_offline_tokenizer
+from trajlab.models.tiny import TINY_CHAT_TEMPLATE, TINY_RESPONSE_TEMPLATE
+from trajlab.models.tiny_vision import (
     TINY_VL_CHAT_TEMPLATE,
     TINY_VL_IMAGE_TOKENS,
     TINY_VL_TOKENS_PER_IMAGE,

@@ -1,7 +1,7 @@
 """trajlab: post-train LLMs to use tools across many turns.
 
-The Python API (``collect``, ``evaluate``, ``sft``, ``rl``, ``evolve``) is loaded on first use, so ``import trajlab``
-stays light; see :mod:`trajlab.api`.
+The Python API (``collect``, ``evaluate``, ``sft``, ``rl``, ``evolve``) is the recipes' (:mod:`trajlab.recipes`),
+loaded on first use so ``import trajlab`` stays light.
 """
 
 from typing import Any
@@ -11,6 +11,7 @@ from trajlab.errors import InfrastructureError
 from trajlab.rollout.check import EnvCheckError, check_env
 
 API = ("collect", "evaluate", "sft", "rl", "evolve")
+"""The Python API: each is the function of the same name in the recipe ``trajlab.recipes.<name>``."""
 
 __all__ = ["EnvCheckError", "Environment", "EnvSpec", "InfrastructureError", "check_env", "load_env", "register", *API]
 __version__ = "0.1.0"
@@ -18,7 +19,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in API:
-        from trajlab import api
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(f"trajlab.recipes.{name}"), name)
     raise AttributeError(f"module 'trajlab' has no attribute {name!r}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import trl
 from trl.chat_template_utils import add_response_schema
 
-from trajlab.models import build_offline_tokenizer
+from trajlab.models.offline_tokenizer import build_offline_tokenizer
 
 TEMPLATES = Path(trl.__file__).parent / "chat_templates"
 CHATML = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]

@@ -34,7 +34,7 @@ from trajlab.data.filters import (
 )
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.images import encode_png
 from trajlab.rollout.types import TokenRecord, Trajectory, task_id

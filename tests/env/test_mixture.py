@@ -5,15 +5,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.cli import app
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec, load_env
 from trajlab.evaluation import evaluate_trajectories
-from trajlab.models import load_tokenizer
-from trajlab.recipes.collect import CollectConfig, collect, collected
-from trajlab.train.rl import run_rl
+from trajlab.models.loading import load_tokenizer
 
 runner = CliRunner()
 
@@ -49,11 +47,9 @@ def test_a_mixture_interleaves_the_envs_tasks_and_tags_each_with_its_env():
 
 def test_collect_runs_each_task_in_its_env_and_reports_per_env(tiny_model_dir, tmp_path):
     mixture = load_envs("wordle,driving")
-    config = CollectConfig(env=mixture, policy="oracle", episodes=12, out=tmp_path / "mixed.jsonl", split="test",
-                           tokenizer=str(tiny_model_dir))
-    summary = collect(config)
-    assert summary["episodes"] == 12 and summary["success_rate"] == 1.0
-    trajectories = collected(config)
+    trajectories = trajlab.collect(mixture, "oracle", out=tmp_path / "mixed.jsonl", episodes=12, split="test",
+                                   tokenizer=str(tiny_model_dir))
+    assert len(trajectories) == 12 and all(t.status == "success" for t in trajectories)
     by_env = {env: [t for t in trajectories if t.env == env] for env in ("wordle", "driving")}
     assert [len(group) for group in by_env.values()] == [6, 6]
     for env, group in by_env.items():
@@ -98,8 +94,8 @@ def test_rl_on_a_mixture_logs_each_envs_share_of_every_step(tiny_model_dir, tmp_
     tokenizer = load_tokenizer(tiny_model_dir)
     settings = RLSettings(steps=1, tasks_per_step=2, group_size=2, minibatch_size=4, learning_rate=1e-4)
     rollout = RolloutSettings(max_turns=2, max_new_tokens=8, concurrency=8)
-    run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_envs("arithmetic,guess"), settings,
-           rollout, tmp_path)
+    trajlab.rl(tiny_model_dir, load_envs("arithmetic,guess"), tmp_path, tokenizer=tokenizer, rollout=rollout,
+               **settings.model_dump())
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["rollout/per_env/arithmetic/episodes"] == 2 and record["rollout/per_env/guess/episodes"] == 2
     # the per-env shares add up to the step's numbers

@@ -11,7 +11,7 @@ from trajlab.env import load_env
 from trajlab.env.mixture import load_envs
 from trajlab.env.registry import registered_names
 from trajlab.env.trl import env_reward, trl_dataset, trl_environment_factory
-from trajlab.models import load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
 
 # Prompt tokens beyond which one TRL step runs on 2 episodes instead of 4: BFCL shows all of its 128 tools (about
 # 14k tokens with the tiny tokenizer), and attention over them makes a 4-episode step take minutes on 2 cores.

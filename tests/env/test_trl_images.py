@@ -27,8 +27,8 @@ from trajlab.env.base import tool_names, tool_schemas
 from trajlab.env.builtin.odd_one_out import IMAGE_PX
 from trajlab.env.registry import EnvSpec
 from trajlab.env.trl import env_reward, trl_dataset, trl_environment_factory, trl_processing_class
-from trajlab.models import load_model, load_processor
-from trajlab.vision import TINY_VL_IMAGE_TOKENS, TINY_VL_TOKENS_PER_IMAGE
+from trajlab.models.loading import load_model, load_processor
+from trajlab.models.tiny_vision import TINY_VL_IMAGE_TOKENS, TINY_VL_TOKENS_PER_IMAGE
 
 EPISODES = 2
 LOOK_CALL = '<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call><|im_end|>'

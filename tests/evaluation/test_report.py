@@ -7,7 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from trajlab import api
+import trajlab
 from trajlab.cli import app
 from trajlab.report import browser, gather, read_embedded, write_report
 
@@ -15,7 +15,8 @@ from trajlab.report import browser, gather, read_embedded, write_report
 @pytest.fixture(scope="module")
 def trajectories(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "demos.jsonl"
-    api.collect("arithmetic", str(tiny_model_dir), out=out, episodes=6, rollout={"max_turns": 2, "max_new_tokens": 16})
+    trajlab.collect("arithmetic", str(tiny_model_dir), out=out, episodes=6,
+                    rollout={"max_turns": 2, "max_new_tokens": 16})
     return out
 
 
@@ -51,7 +52,7 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
 @pytest.fixture(scope="module")
 def image_trajectories(tiny_vision_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("report-images") / "looks.jsonl"
-    api.collect("odd_one_out", "oracle", out=out, episodes=2, tokenizer=str(tiny_vision_dir))
+    trajlab.collect("odd_one_out", "oracle", out=out, episodes=2, tokenizer=str(tiny_vision_dir))
     return out
 
 

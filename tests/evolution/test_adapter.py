@@ -16,6 +16,7 @@ import pytest
 
 from tests.evolution.scripted import HINT, SEED_PROMPT, InstructionFollowingPolicy, deterministic_proposer
 from trajlab.chat.parsers import get_parser
+from trajlab.config import EvolveSettings, RolloutSettings
 from trajlab.data.store import read_trajectories
 from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.builtin.arithmetic import oracle
@@ -24,7 +25,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.evolution.candidate import seed_candidate
 from trajlab.evolution.reflection import LocalReflection
-from trajlab.evolution.run import run_evolve
+from trajlab.evolution.search import run_evolve
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.types import task_id
@@ -38,7 +39,7 @@ def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) 
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
     engine = RolloutEngine(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
                            limits=dict(max_turns=4))
-    return TrajlabAdapter(engine)
+    return TrajlabAdapter(engine, weights=None, rollout=RolloutSettings())
 
 
 def test_adapter_contract(tiny_tokenizer, tiny_template):
@@ -86,7 +87,8 @@ def test_a_task_without_an_id_is_named_by_its_content_hash(tiny_tokenizer, tiny_
 def test_evolution_raises_the_held_out_score(tiny_tokenizer, tiny_template, tmp_path: Path):
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     summary = run_evolve(adapter, deterministic_proposer, tasks("train", 4), tasks("train", 4, skip=4),
-                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path, max_metric_calls=20)
+                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path,
+                         settings=EvolveSettings(max_metric_calls=20), seed=0)
     result = tmp_path / "result"
     best = (result / "best_prompt.txt").read_text()
     assert HINT in best and summary["best_val_score"] == 1.0 and summary["seed_val_score"] == 0.0
@@ -106,16 +108,16 @@ def test_a_resumed_run_continues_without_rescoring_the_seed(tiny_tokenizer, tiny
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     train, val = tasks("train", 4), tasks("train", 4, skip=4)
     first = run_evolve(adapter, deterministic_proposer, train, val, seed_candidate={COMPONENT: SEED_PROMPT},
-                       out=tmp_path, max_metric_calls=4)
+                       out=tmp_path, settings=EvolveSettings(max_metric_calls=4), seed=0)
     assert first["rollouts"] == 4 and first["candidates"] == 1 and not first["resumed"]
     fresh = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     second = run_evolve(fresh, deterministic_proposer, train, val, seed_candidate={COMPONENT: SEED_PROMPT},
-                        out=tmp_path, max_metric_calls=20)
+                        out=tmp_path, settings=EvolveSettings(max_metric_calls=20), seed=0)
     assert second["resumed"] and second["candidates"] > 1
     assert second["rollouts"] == 4 + fresh.rollouts == 4 + second["rollouts_this_run"]  # the seed's 4 not run again
     with pytest.raises(ValueError, match="different seed_candidate"):
         run_evolve(fresh, deterministic_proposer, train, val, seed_candidate={COMPONENT: "Another prompt."},
-                   out=tmp_path, max_metric_calls=30)
+                   out=tmp_path, settings=EvolveSettings(max_metric_calls=30), seed=0)
 
 
 class Interrupted(BaseException):
@@ -139,12 +141,13 @@ def test_an_interrupted_iteration_resumes_without_repeating_finished_episodes(
     tiny_tokenizer, tiny_template, tmp_path: Path
 ):
     train, val = tasks("train", 4), tasks("train", 4, skip=4)
-    kwargs = {"seed_candidate": {COMPONENT: SEED_PROMPT}, "max_metric_calls": 20}
+    kwargs = {"seed_candidate": {COMPONENT: SEED_PROMPT}, "settings": EvolveSettings(max_metric_calls=20), "seed": 0}
     reference = run_evolve(make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy()),
                            deterministic_proposer, train, val, out=tmp_path / "reference", **kwargs)
 
     crashing = make_adapter(tiny_tokenizer, tiny_template, policy=CrashingOnce(val[2]["task_id"]))
-    crashing.concurrency = 1  # one episode at a time: val[0] and val[1] finish before val[2] is interrupted
+    # one episode at a time: val[0] and val[1] finish before val[2] is interrupted
+    crashing.rollout = RolloutSettings(concurrency=1)
     with pytest.raises(Interrupted):
         run_evolve(crashing, deterministic_proposer, train, val, out=tmp_path / "run", **kwargs)
     stored = [json.loads(line)["id"] for line in (tmp_path / "run" / "gepa" / "rollouts.jsonl").open()]
@@ -178,7 +181,7 @@ def test_tool_descriptions_evolve_with_the_system_prompt(tiny_tokenizer, tiny_te
     stubborn.hint = "never in any prompt"  # always wrong: every iteration reflects, on each text in turn
     summary = run_evolve(make_adapter(tiny_tokenizer, tiny_template, policy=stubborn), proposer,
                          tasks("train", 3), tasks("train", 3, skip=3), seed_candidate=candidate, out=tmp_path / "run",
-                         max_metric_calls=20)
+                         settings=EvolveSettings(max_metric_calls=20), seed=0)
     assert summary["evolved"] == [COMPONENT, "tool:submit"]
     assert any("description it reads of the tool `submit`" in prompt for prompt in asked)  # the tool template
     best = json.loads((tmp_path / "run" / "result" / "best_candidate.json").read_text())
@@ -190,9 +193,10 @@ def test_tool_descriptions_evolve_with_the_system_prompt(tiny_tokenizer, tiny_te
 @pytest.mark.slow
 def test_a_local_model_reflects(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path: Path):
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
-    reflection = LocalReflection(tiny_model_dir, max_new_tokens=32, temperature=1.0)
+    reflection = LocalReflection(tiny_model_dir, max_new_tokens=32, temperature=1.0, device="cpu", dtype="auto")
     assert isinstance(reflection("Improve this prompt."), str)
     summary = run_evolve(adapter, reflection, tasks("train", 3), tasks("train", 2, skip=3),
-                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path, max_metric_calls=8)
+                         seed_candidate={COMPONENT: SEED_PROMPT}, out=tmp_path,
+                         settings=EvolveSettings(max_metric_calls=8), seed=0)
     assert summary["rollouts"] >= 2 and (tmp_path / "result" / "best_prompt.txt").exists()
     assert (tmp_path / "gepa" / "gepa_state.bin").exists()

@@ -26,7 +26,7 @@ from trajlab.cli import app
 from trajlab.data.store import read_trajectories
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,23 +6,26 @@ import pytest
 
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
+from trajlab.config import EvolveSettings, ModelSettings
 from trajlab.evolution.reflection import ServerReflection, load_reflection_lm
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+
+SHORT = EvolveSettings(reflection_max_new_tokens=8)
 
 
 def test_a_server_reflects_through_chat_completions(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
     app = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeLimits())
     with running(app) as url:
-        reflection = load_reflection_lm(f"{url}/v1#{MODEL}", max_new_tokens=8)
+        reflection = load_reflection_lm(f"{url}/v1#{MODEL}", settings=SHORT, model=ModelSettings())
         assert isinstance(reflection, ServerReflection) and reflection.model == MODEL
         assert isinstance(reflection("Write a better instruction in a ``` block."), str)
         with pytest.raises(ValueError, match="does not serve"):
-            load_reflection_lm(f"{url}/v1#no-such-model")
+            load_reflection_lm(f"{url}/v1#no-such-model", settings=SHORT, model=ModelSettings())
 
 
 def test_a_bad_reflection_spec_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="model directory or a server URL"):
-        load_reflection_lm(str(tmp_path / "missing"))
+        load_reflection_lm(str(tmp_path / "missing"), settings=SHORT, model=ModelSettings())

@@ -9,7 +9,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.rollout.engine import Episode, RolloutEngine
 
 

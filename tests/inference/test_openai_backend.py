@@ -16,16 +16,18 @@ import socket
 
 import pytest
 
+import trajlab
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
+from trajlab.collection.engines import load_rollout_policy
+from trajlab.config import ModelSettings
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.openai_server import OpenAIGenerator, ServerError, served_model
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
-from trajlab.recipes.collect import CollectConfig, build_policy, collect
 from trajlab.rollout.engine import Episode, RolloutEngine
 
 
@@ -196,20 +198,19 @@ def test_http_errors_name_the_url_and_the_servers_message(tiny_server, tiny_toke
 
 def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
     env = load_env("arithmetic")
-    config = CollectConfig(env=env, policy=tiny_server, episodes=3, out=tmp_path / "t.jsonl",
-                           tokenizer=str(tiny_model_dir), split="test",
-                           sampling=SamplingParams(temperature=0.0),
-                           limits=dict(max_turns=2, max_new_tokens=16))
-    summary = collect(config)
-    assert summary["episodes"] == 3 and summary["statuses"].get("error", 0) == 0
-    stored = list(read_trajectories(config.out))
+    out = tmp_path / "t.jsonl"
+    trajectories = trajlab.collect(env, tiny_server, out=out, episodes=3, tokenizer=str(tiny_model_dir),
+                                   split="test", temperature=0.0, rollout={"max_turns": 2, "max_new_tokens": 16})
+    assert len(trajectories) == 3 and all(t.status != "error" for t in trajectories)
+    stored = list(read_trajectories(out))
     assert len(stored) == 3 and {t.policy for t in stored} == {f"{tiny_server}#{MODEL}"}
     assert all("text_only" not in t.metrics for t in stored)
 
+    def policy(url, tokenizer):
+        return load_rollout_policy(env, url, model=ModelSettings(), tokenizer=tokenizer, demonstrator=None)
+
     with pytest.raises(ValueError, match="pass --tokenizer"):
-        build_policy(CollectConfig(env=env, policy=tiny_server, episodes=1, out=tmp_path / "u.jsonl"))
-    named = CollectConfig(env=env, policy=f"{tiny_server}#{MODEL}", episodes=1, out=tmp_path / "u.jsonl",
-                          tokenizer=str(tiny_model_dir))
-    assert build_policy(named).generator.model == MODEL
+        policy(tiny_server, None)
+    assert policy(f"{tiny_server}#{MODEL}", str(tiny_model_dir)).generator.model == MODEL
     with pytest.raises(ValueError, match=r"does not serve 'other'; it serves \['tiny'\]"):
-        build_policy(CollectConfig(**{**named.__dict__, "policy": f"{tiny_server}#other"}))
+        policy(f"{tiny_server}#other", str(tiny_model_dir))

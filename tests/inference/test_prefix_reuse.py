@@ -9,7 +9,7 @@ import torch
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 

@@ -9,7 +9,8 @@ from transformers import GenerationConfig
 
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import init_tiny_model, load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 
 NEW_TOKENS = 40
 # Options a real checkpoint's generation_config.json may carry; none of them is trajlab's to apply.

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from trajlab.chat.parsers import get_parser
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
 
 MODEL = "tiny"

@@ -18,7 +18,7 @@ from trajlab.chat.template import resolve_chat_template
 from trajlab.cli import app
 from trajlab.data.store import image_dir, read_trajectories
 from trajlab.inference.base import GenerationRequest, GenerationResult
-from trajlab.models import load_processor, load_tokenizer
+from trajlab.models.loading import load_processor, load_tokenizer
 from trajlab.proxy import SessionRecorder, create_app
 from trajlab.proxy.errors import APIError
 from trajlab.proxy.images import inline_images

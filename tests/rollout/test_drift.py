@@ -12,7 +12,7 @@ from trajlab.env import load_env
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.rollout.drift import TokenDriftError, check_token_drift, find_drift
 from trajlab.rollout.engine import Episode
 from trajlab.rollout.engine import make_engine as make_env_engine
@@ -132,17 +132,18 @@ def test_records_without_tokens_pass(flaky, tiny_tokenizer, tiny_template):
 def test_sft_refuses_drifted_demonstrations_before_training(flaky, tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from trajlab import api
+    import trajlab
     from trajlab.cli import app
     from trajlab.data.store import TrajectoryStore
+    from trajlab.recipes.sft import without_drift
 
     observation = flaky.tokens.loss_mask.index(0) + len(flaky.tokens.prompt_ids)
     demos = [flaky.model_copy(update={"id": f"ok{i}"}) for i in range(3)] + [
         altered(flaky, observation).model_copy(update={"id": "bad"})]
-    assert [t.id for t in api.without_drift(demos, load_tokenizer(tiny_model_dir), parser="hermes",
-                                            max_drift=0.25)] == ["ok0", "ok1", "ok2"]
+    assert [t.id for t in without_drift(demos, load_tokenizer(tiny_model_dir), parser="hermes", max_drift=0.25,
+                                        processor=None)] == ["ok0", "ok1", "ok2"]
     with pytest.raises(TokenDriftError, match="1 of 4"):
-        api.sft(tiny_model_dir, demos, tmp_path / "api", parser="hermes", max_steps=1)
+        trajlab.sft(tiny_model_dir, demos, tmp_path / "api", parser="hermes", max_steps=1)
     path = tmp_path / "demos.jsonl"
     with TrajectoryStore(path) as store:
         for demo in demos:

@@ -22,7 +22,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import load_policy
-from trajlab.models import load_model, load_processor
+from trajlab.models.loading import load_model, load_processor
 from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.images import decode_png, encode_png

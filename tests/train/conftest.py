@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trajlab.models import load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.config import RLSettings, RolloutSettings
-from trajlab.models import load_model, load_tokenizer
-from trajlab.train.rl import run_rl
+from trajlab.models.loading import load_model, load_tokenizer
 
 from ..rollout.length_env import SLOW
 from ..rollout.length_env import SPEC as LENGTH
@@ -24,8 +23,8 @@ def settings(**changes) -> RLSettings:
 
 def rl(model_dir, out, env=LENGTH, resume=False, **changes) -> list[dict]:
     tokenizer = load_tokenizer(model_dir)
-    run_rl(model_dir, tokenizer, resolve_chat_template(tokenizer), env, settings(**changes), ROLLOUT, out,
-           device="cpu", resume=resume)
+    trajlab.rl(model_dir, env, out, tokenizer=tokenizer, rollout=ROLLOUT, device="cpu", resume=resume,
+               **settings(**changes).model_dump())
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 

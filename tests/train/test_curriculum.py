@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 
 import pytest
 
-from trajlab import api
+import trajlab
 from trajlab.config import ConfigError, load_config
-from trajlab.data.store import read_trajectories
-from trajlab.env import load_env
+from trajlab.data.store import read_trajectories, task_keys
+from trajlab.env import EnvSpec, load_env
+from trajlab.env.mixture import EnvMixture
 from trajlab.recipes.pipeline import run_pipeline
 from trajlab.rollout.types import task_id
 from trajlab.train.curriculum import Curriculum, build_stages
@@ -22,7 +24,7 @@ ROLLOUT = {"max_turns": 1, "max_new_tokens": 8, "concurrency": 8}
 
 def rl(model_dir, out, curriculum, env="arithmetic", **settings) -> list[dict]:
     settings = {"steps": 3, "tasks_per_step": 2, "group_size": 2, "save_steps": 1, "learning_rate": 1e-3} | settings
-    api.rl(model_dir, env, out, device="cpu", rollout=ROLLOUT, curriculum=curriculum, **settings)
+    trajlab.rl(model_dir, env, out, device="cpu", rollout=ROLLOUT, curriculum=curriculum, **settings)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -92,15 +94,41 @@ def test_a_resumed_run_goes_on_in_the_same_stage_with_the_same_window(tiny_model
 def test_skipped_tasks_are_never_drawn_unless_they_are_all_the_stage_has(caplog):
     env = load_env("arithmetic")
     first = [task_id(task) for task in itertools.islice(env.iter_tasks("train", 3), 40)]
-    curriculum = Curriculum.single(env, {}, seed=3, skip=first[:25])
+    curriculum = Curriculum.single(env, {}, seed=3, skip={("arithmetic", key) for key in first[:25]})
     drawn = [task_id(task) for step in range(3) for task in curriculum.draw(step, 5)[1]]
     assert drawn == first[25:40], "the stream goes on past the skipped tasks, in the same order"
 
     small = load_env("arithmetic").with_options(max_operand=1)  # 1 op 1 op 1: nine tasks in all
     every = [task_id(task) for task in small.iter_tasks("train", 0)]
-    alone = Curriculum.single(small, {}, skip=every)
+    alone = Curriculum.single(small, {}, seed=0, skip={("arithmetic", key) for key in every})
     assert [task_id(task) for task in alone.draw(0, len(every))[1]] == every
     assert "every train task is among the" in caplog.text
+
+
+def renumbered(name: str) -> EnvSpec:
+    """An env whose train tasks are numbered t0, t1, ...: two such envs share every task id."""
+    spec = load_env(name)
+
+    def tasks(split, seed, **options):
+        for number, task in enumerate(spec.tasks(split, seed, **options)):
+            yield {**task, "task_id": f"t{number}"}
+
+    return replace(spec, tasks=tasks)
+
+
+def test_a_skipped_task_is_one_envs_even_where_another_env_of_the_mixture_has_its_id(tmp_path):
+    """Tasks are keyed by (env, task_id): leaving out arithmetic's demonstrated tasks keeps guess's of the same ids,
+    from the demonstrations file to the tasks RL draws."""
+    mixture = EnvMixture({"arithmetic": renumbered("arithmetic"), "guess": renumbered("guess")})
+    demos = tmp_path / "demos.jsonl"
+    trajlab.collect(mixture.specs["arithmetic"], "oracle", out=demos, episodes=5)
+    skipped = task_keys(demos)
+    assert skipped == {("arithmetic", f"t{number}") for number in range(5)}
+    drawn = [(task["env"], task["task_id"]) for task in
+             Curriculum.single(mixture, {}, seed=0, skip=skipped).draw(0, 12)[1]]
+    # the mixture's stream alternates the envs; arithmetic's t0-t4 are left out, guess's t0-t4 are not
+    assert drawn == [*(("guess", f"t{n}") for n in range(5)), ("arithmetic", "t5"), ("guess", "t5"),
+                     ("arithmetic", "t6"), ("guess", "t6"), ("arithmetic", "t7"), ("guess", "t7"), ("arithmetic", "t8")]
 
 
 def test_curriculum_settings_are_validated():

@@ -17,6 +17,6 @@ def test_lora_config_carries_the_settings():
 
 
 def test_rl_does_not_import_the_sft_recipe():
-    code = "import sys, trajlab.train.rl; assert 'trajlab.train.sft' not in sys.modules, 'rl imports sft'"
+    code = "import sys, trajlab.recipes.rl; assert 'trajlab.train.sft' not in sys.modules, 'rl imports sft'"
     # run from this checkout, so the trajlab imported is the one under test
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(trajlab.__file__).parents[1])

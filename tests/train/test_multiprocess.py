@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",

@@ -7,6 +7,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+import trajlab
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
@@ -15,11 +16,18 @@ from trajlab.env import load_env
 from trajlab.env.mixture import load_envs
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import init_tiny_model, load_model, load_tokenizer
+from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 from trajlab.rollout.engine import make_engine
 from trajlab.rollout.types import TokenRecord, Trajectory, task_id
-from trajlab.train import rl
-from trajlab.train.rl import _loss_normaliser, _pack, _policy_loss, _token_logprobs, _update, run_rl
+from trajlab.train import logprobs as logprob_math
+from trajlab.train.advantages import step_advantages
+from trajlab.train.batches import padded_batch
+from trajlab.train.logprobs import token_logprobs
+from trajlab.train.loss import loss_normaliser, policy_loss
+from trajlab.train.rl import group_episodes
+from trajlab.train.schedule import learning_rate_factor
+from trajlab.train.update import PolicyUpdate
 
 
 def trajectory_with_model_logprobs(model, tokenizer, loss_mask):
@@ -48,7 +56,7 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     template = resolve_chat_template(tokenizer)
     step_tasks = [{**task, "task_id": "0"} for _, task in zip(range(2), mixture.iter_tasks("train"), strict=False)]
     assert [task["env"] for task in step_tasks] == ["arithmetic", "guess"]
-    episodes = [e for i, task in enumerate(step_tasks) for e in rl._group_episodes(3, i, task, group_size=2)]
+    episodes = [e for i, task in enumerate(step_tasks) for e in group_episodes(3, i, task, group_size=2)]
     engine = make_engine(mixture, ScriptedGenerator(mixture.oracle, tokenizer, template), tokenizer,
                          chat_template=template, parser=get_parser("auto", tokenizer))
     trajectories = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)  # the engine returns them as done
@@ -59,7 +67,7 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     settings = RLSettings(estimator="dr_grpo", credit="trajectory")
 
     def per_rollout(ts):
-        advantages, stats = rl._advantages(ts, rewards, settings)
+        advantages, stats = step_advantages(ts, rewards, settings)
         values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit} for adv, t in zip(advantages, ts,
                                                                                                         strict=True)]
         return values, stats["zero_variance_groups"]
@@ -70,7 +78,7 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     renamed = [t.model_copy(update={"id": f"same:{n}"}) for n, t in enumerate(trajectories)]
     assert per_rollout(renamed) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
     with pytest.raises(ValueError, match="has no group"):
-        rl._advantages([t.model_copy(update={"group": None}) for t in trajectories], rewards, settings)
+        step_advantages([t.model_copy(update={"group": None}) for t in trajectories], rewards, settings)
 
 
 def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_model_dir):
@@ -80,7 +88,7 @@ def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_mode
     tokenizer = load_tokenizer(tiny_model_dir)
     template = resolve_chat_template(tokenizer)
     tasks = [task for _, task in zip(range(2), env.iter_tasks("train"), strict=False)]
-    episodes = [e for i, task in enumerate(tasks) for e in rl._group_episodes(0, i, task, group_size=3)]
+    episodes = [e for i, task in enumerate(tasks) for e in group_episodes(0, i, task, group_size=3)]
     engine = make_engine(env, ScriptedGenerator(env.oracle, tokenizer, template), tokenizer, chat_template=template,
                          parser=get_parser("auto", tokenizer))
     done = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)
@@ -88,7 +96,7 @@ def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_mode
     trajectories = [t.model_copy(update={"status": "error", "error": "the generator failed"}) if i in broken else t
                     for i, t in enumerate(done)]
     rewards = [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]  # as a zero, the error would pull its group's baseline down
-    advantages, stats = rl._advantages(trajectories, rewards, RLSettings(estimator="dr_grpo", group_size=3,
+    advantages, stats = step_advantages(trajectories, rewards, RLSettings(estimator="dr_grpo", group_size=3,
                                                                          credit="trajectory"))
     model_values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit}
                     for adv, t in zip(advantages, trajectories, strict=True)]
@@ -102,10 +110,11 @@ def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_
     for sign in (1.0, -1.0):
         model = load_model(tiny_model_dir)
         trajectory = trajectory_with_model_logprobs(model, tiny_tokenizer, mask)
-        batch = _pack([trajectory], [[sign * bit for bit in mask]], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        batch = padded_batch([trajectory], [[sign * bit for bit in mask]], tiny_tokenizer.pad_token_id,
+                             torch.device("cpu"))
         before = masked_logprob(model, batch)
         model.train()
-        stats = _policy_loss(model, None, batch, settings, normaliser=1.0)
+        stats = policy_loss(model, None, batch, settings, normaliser=1.0)
         assert abs(stats["clip_fraction"]) < 1e-6, "rollout logprobs equal the policy's: ratio is 1"
         stats["loss_tensor"].backward()
         torch.optim.SGD(model.parameters(), lr=0.05).step()
@@ -118,9 +127,9 @@ def test_update_follows_the_advantage_on_model_tokens_only(tiny_model_dir, tiny_
     grads = []
     for noise in (0.0, 5.0):
         advantages = [1.0 if bit else noise for bit in mask]
-        batch = _pack([trajectory], [advantages], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+        batch = padded_batch([trajectory], [advantages], tiny_tokenizer.pad_token_id, torch.device("cpu"))
         model.zero_grad()
-        _policy_loss(model, None, batch, settings, normaliser=1.0)["loss_tensor"].backward()
+        policy_loss(model, None, batch, settings, normaliser=1.0)["loss_tensor"].backward()
         grads.append(model.model.embed_tokens.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1])
 
@@ -130,7 +139,7 @@ def test_padding_is_marked_by_attention_mask_even_when_pad_is_a_real_token(tiny_
     short = trajectory_with_model_logprobs(model, tiny_tokenizer, [1, 1])
     long = trajectory_with_model_logprobs(model, tiny_tokenizer, [1, 1, 1, 1, 1])
     pad = short.tokens.completion_ids[-1]  # pad id equal to a token the model generated
-    batch = _pack([short, long], [[1.0, 1.0], [1.0] * 5], pad, torch.device("cpu"))
+    batch = padded_batch([short, long], [[1.0, 1.0], [1.0] * 5], pad, torch.device("cpu"))
     lengths = [len(t.tokens.prompt_ids) + len(t.tokens.completion_ids) for t in (short, long)]
     assert batch["attention_mask"].sum(-1).tolist() == lengths
     assert batch["loss_mask"].sum(-1).tolist() == [2, 5]
@@ -146,14 +155,14 @@ def test_micro_batches_accumulate_to_the_gradient_of_one_batch(tiny_model_dir, t
     pad = tiny_tokenizer.pad_token_id
     for estimator in ("grpo", "dr_grpo", "rloo"):
         settings = RLSettings(estimator=estimator)
-        normaliser = _loss_normaliser(trajectories, estimator, token_budget=16)
+        normaliser = loss_normaliser(trajectories, estimator, token_budget=16)
         grads = []
         for size in (4, 1):
             model.zero_grad()
             for first in range(0, 4, size):
-                batch = _pack(trajectories[first : first + size], advantages[first : first + size], pad,
+                batch = padded_batch(trajectories[first : first + size], advantages[first : first + size], pad,
                               torch.device("cpu"))
-                _policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
+                policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         assert grads[0].abs().sum() > 0
         assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), estimator
@@ -171,12 +180,12 @@ def test_rollouts_without_advantage_are_skipped_and_the_step_is_unchanged(tiny_m
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         if skipping:
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-            stats, _ = _update(model, None, optimizer, scheduler, Accelerator(cpu=True), trajectories, advantages,
-                            settings, 16, pad)
+            update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
+            stats, _ = update(trajectories, advantages, correct=False, shuffle_seed=0)
         else:  # every rollout through the loss, as one batch
-            batch = _pack(trajectories, advantages, pad, torch.device("cpu"))
-            normaliser = _loss_normaliser(trajectories, "grpo", 16)
-            _policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
+            batch = padded_batch(trajectories, advantages, pad, torch.device("cpu"))
+            normaliser = loss_normaliser(trajectories, "grpo", 16)
+            policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
             optimizer.step()
         weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     assert stats["trained_sequences"] == 2
@@ -199,18 +208,18 @@ def test_a_shared_prompt_head_runs_once_with_the_same_logprobs_and_gradients(tin
                              logprobs=[-1.0] * len(ids))
         trajectories.append(Trajectory(id="t", env="arithmetic", task={}, messages=[], tools=[], reward=1.0,
                                        status="success", tokens=tokens))
-    batch = _pack(trajectories, [[0.5] * len(t.tokens.completion_ids) for t in trajectories],
+    batch = padded_batch(trajectories, [[0.5] * len(t.tokens.completion_ids) for t in trajectories],
                   tiny_tokenizer.pad_token_id, torch.device("cpu"))
-    assert rl._shared_head(batch["input_ids"], batch["completion_start"]) >= rl.MIN_SHARED_HEAD
+    assert logprob_math.shared_head(batch["input_ids"], batch["completion_start"]) >= logprob_math.MIN_SHARED_HEAD
 
     results = []
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(rl, "MIN_SHARED_HEAD", 10**9)
+            monkeypatch.setattr(logprob_math, "MIN_SHARED_HEAD", 10**9)
         model.zero_grad()
-        logprobs, _ = _token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
+        logprobs, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
                                       1.0)
-        _policy_loss(model, None, batch, RLSettings(), normaliser=3.0)["loss_tensor"].backward()
+        policy_loss(model, None, batch, RLSettings(), normaliser=3.0)["loss_tensor"].backward()
         results.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (shared_lp, shared_grad), (full_lp, full_grad) = results
     mask = batch["attention_mask"][:, batch["completion_start"] :].bool()  # predicting padding means nothing
@@ -225,13 +234,13 @@ def tiny_settings(**overrides):
 
 def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(tiny_model_dir)
-    template = resolve_chat_template(tokenizer)
     env = load_env("arithmetic")
     rewards = {"env": 1.0, "progress": 0.5, "format": 0.0}
     settings, rollout = tiny_settings(steps=1, rewards=rewards, kl_coef=0.01)
-    run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path)
+    trajlab.rl(tiny_model_dir, env, tmp_path, tokenizer=tokenizer, rollout=rollout, **settings.model_dump())
     settings, rollout = tiny_settings(steps=2, rewards=rewards, kl_coef=0.01)
-    final = run_rl(tiny_model_dir, tokenizer, template, env, settings, rollout, tmp_path, resume=True)
+    final = trajlab.rl(tiny_model_dir, env, tmp_path, tokenizer=tokenizer, rollout=rollout, resume=True,
+                       **settings.model_dump())
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2], "the resumed run continues at step 2"
     for key in ("reward/mean", "reward/env", "reward/progress", "reward/format", "rollout/success_rate",
@@ -263,18 +272,18 @@ def test_a_decaying_rate_falls_toward_zero_at_the_last_step(tiny_model_dir, tmp_
     each step used follows the schedule over the run's 3 steps, and never 0, so no step is wasted."""
     tokenizer = load_tokenizer(tiny_model_dir)
     settings, rollout = tiny_settings(steps=3, kl_coef=0.01, lr_scheduler=shape)
-    run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_env("arithmetic"), settings, rollout,
-           tmp_path)
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=tokenizer, rollout=rollout,
+               **settings.model_dump())
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["optim/lr"] for r in records] == pytest.approx([1e-4 * f for f in factors])
-    assert [rl.learning_rate_factor(done, settings) for done in (3, 9)] == [0.0, 0.0], "and 0 past the plan"
+    assert [learning_rate_factor(done, settings) for done in (3, 9)] == [0.0, 0.0], "and 0 past the plan"
 
 
 def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
     tokenizer = load_tokenizer(tiny_model_dir)
     settings, rollout = tiny_settings(steps=1, kl_coef=0.1, lora=LoraSettings(r=4, alpha=8))
-    final = run_rl(tiny_model_dir, tokenizer, resolve_chat_template(tokenizer), load_env("guess"), settings,
-                   rollout, tmp_path)
+    final = trajlab.rl(tiny_model_dir, load_env("guess"), tmp_path, tokenizer=tokenizer, rollout=rollout,
+                       **settings.model_dump())
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["loss/kl"] >= 0.0
     merged = load_model(final)
@@ -284,13 +293,13 @@ def test_lora_with_kl_to_the_starting_policy(tiny_model_dir, tmp_path):
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients_and_runs_a_step(tiny_model_dir, tiny_tokenizer,
                                                                                  tmp_path):
     trajectories = [trajectory_with_model_logprobs(load_model(tiny_model_dir), tiny_tokenizer, [1] * n) for n in (4, 6)]
-    batch = _pack(trajectories, [[0.5] * 4, [-0.5] * 6], tiny_tokenizer.pad_token_id, torch.device("cpu"))
+    batch = padded_batch(trajectories, [[0.5] * 4, [-0.5] * 6], tiny_tokenizer.pad_token_id, torch.device("cpu"))
     results = []
     for checkpointing in (False, True):
         model = load_model(tiny_model_dir).train()
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        loss = _policy_loss(model, None, batch, RLSettings(), normaliser=2.0)["loss_tensor"]
+        loss = policy_loss(model, None, batch, RLSettings(), normaliser=2.0)["loss_tensor"]
         loss.backward()
         results.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (loss, grad), (checkpointed_loss, checkpointed_grad) = results
@@ -299,8 +308,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients_and_runs_a_ste
 
     model = load_model(tiny_model_dir)  # the whole loop: rollouts with the cache, the update checkpointed
     settings, rollout = tiny_settings(steps=1, gradient_checkpointing=True)
-    run_rl(model, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), load_env("arithmetic"), settings, rollout,
-           tmp_path)
+    trajlab.rl(model, load_env("arithmetic"), tmp_path, tokenizer=tiny_tokenizer, rollout=rollout,
+               **settings.model_dump())
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and record["perf/update_s"] > 0
 
@@ -326,17 +335,17 @@ def test_off_policy_correction_weights_each_token_by_the_truncated_importance_ra
     advantages = [[0.7 * bit for bit in masks[0]], [-0.4 * bit for bit in masks[1]]]
     settings = RLSettings(importance_cap=1.5)
     pad = tiny_tokenizer.pad_token_id
-    batch = _pack(sampled, advantages, pad, torch.device("cpu"), trainer_lp)
+    batch = padded_batch(sampled, advantages, pad, torch.device("cpu"), trainer_lp)
 
     trainer.zero_grad()
-    _policy_loss(trainer, None, batch, settings, normaliser=2.0)["loss_tensor"].backward()
+    policy_loss(trainer, None, batch, settings, normaliser=2.0)["loss_tensor"].backward()
     corrected = torch.cat([p.grad.flatten() for p in trainer.parameters()])
 
     # By hand: the ratio against the trainer's own logprobs is 1 before any step, so each token's gradient is
     # -A * w * grad(log p) with w = min(p_trainer / p_sampler, cap), a sequence mean per rollout (grpo).
     trainer.zero_grad()
     start = batch["completion_start"]
-    logprobs, _ = _token_logprobs(trainer, batch["input_ids"], batch["attention_mask"], start, 1.0)
+    logprobs, _ = token_logprobs(trainer, batch["input_ids"], batch["attention_mask"], start, 1.0)
     mask, sampler_lp = batch["loss_mask"][:, start:], batch["old_logprobs"][:, start:]
     weight = torch.exp(batch["trainer_logprobs"][:, start:] - sampler_lp).clamp(max=1.5)
     assert ((weight < 1.5) & (mask > 0)).any() and ((weight == 1.5) & (mask > 0)).any(), "some weights capped"
@@ -346,7 +355,7 @@ def test_off_policy_correction_weights_each_token_by_the_truncated_importance_ra
     assert corrected.abs().sum() > 0 and torch.allclose(corrected, by_hand, atol=1e-6, rtol=1e-4)
 
     trainer.zero_grad()  # uncorrected: the sampler's logprobs as the old policy, a different gradient
-    _policy_loss(trainer, None, _pack(sampled, advantages, pad, torch.device("cpu")), settings, 2.0)[
+    policy_loss(trainer, None, padded_batch(sampled, advantages, pad, torch.device("cpu")), settings, 2.0)[
         "loss_tensor"].backward()
     assert not torch.allclose(torch.cat([p.grad.flatten() for p in trainer.parameters()]), by_hand, atol=1e-4)
 
@@ -366,8 +375,8 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         stats = {}
         for correct in (True, False):
-            stats[correct], _ = _update(trainer, None, optimizer, scheduler, Accelerator(cpu=True),
-                                     sampled, advantages, settings, 16, pad, correct=correct)
+            update = PolicyUpdate(trainer, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
+            stats[correct], _ = update(sampled, advantages, correct=correct, shuffle_seed=0)
             trainer.load_state_dict(load_model(tiny_model_dir).state_dict())
         measured = stats[True]
         assert measured["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)
@@ -385,15 +394,14 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
 
 def test_a_sampler_other_than_the_trainer_is_corrected_by_default(tiny_model_dir, other_model_dir, tmp_path):
     tokenizer = load_tokenizer(tiny_model_dir)
-    template = resolve_chat_template(tokenizer)
     settings, rollout = tiny_settings(steps=1, kl_coef=0.01, importance_cap=1.2)  # KL: every rollout is trained on
     records = {}
     for name, mode, sampler in (("stale", "auto", HFGenerator(load_model(other_model_dir), tokenizer)),
                                 ("own", "auto", None), ("off", "off", HFGenerator(load_model(other_model_dir),
                                                                                   tokenizer))):
         out = tmp_path / name
-        run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"),
-               settings.model_copy(update={"importance_sampling": mode}), rollout, out, sampler=sampler)
+        trajlab.rl(tiny_model_dir, load_env("arithmetic"), out, tokenizer=tokenizer, rollout=rollout, sampler=sampler,
+                   **settings.model_copy(update={"importance_sampling": mode}).model_dump())
         records[name] = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     assert records["own"]["mismatch/abs_logprob"] < 1e-3, "the hf backend samples from the trained model itself"
     assert records["stale"]["mismatch/abs_logprob"] > 0.1 and records["stale"]["mismatch/clipped_share"] > 0
@@ -412,17 +420,19 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
         return ChatTemplate.prompt_ids(self, messages) + self.encode("\n")
 
     tokenizer = load_tokenizer(tiny_model_dir)
-    template = resolve_chat_template(tokenizer)
     settings, rollout = tiny_settings(steps=1, kl_coef=0.01)
-    run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "clean")
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path / "clean", tokenizer=tokenizer, rollout=rollout,
+               **settings.model_dump())
     record = json.loads((tmp_path / "clean" / "metrics.jsonl").read_text())
     assert record["rollout/drifted"] == 0 and record["optim/trained_sequences"] == 4
     assert record["perf/drift_check_s"] > 0
 
     monkeypatch.setattr(drift._PrefixRenders, "prompt_ids", shifted)  # the guard's view of the template only
     with pytest.raises(drift.TokenDriftError, match=r"4 of 4 trajectories .* the prompt"):
-        run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), settings, rollout, tmp_path / "stops")
+        trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path / "stops", tokenizer=tokenizer, rollout=rollout,
+                   **settings.model_dump())
     tolerant = settings.model_copy(update={"max_drift": 1.0})
-    run_rl(tiny_model_dir, tokenizer, template, load_env("arithmetic"), tolerant, rollout, tmp_path / "drops")
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path / "drops", tokenizer=tokenizer, rollout=rollout,
+               **tolerant.model_dump())
     record = json.loads((tmp_path / "drops" / "metrics.jsonl").read_text())
     assert record["rollout/drifted"] == 4 and record["optim/trained_sequences"] == 0, "drifted rollouts are not trained"

@@ -9,13 +9,12 @@ from typing import Any
 
 from PIL import Image
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.data.store import image_dir, read_trajectories
 from trajlab.env import Environment
 from trajlab.env.registry import EnvSpec
-from trajlab.models import load_model, load_processor, load_tokenizer
-from trajlab.train.rl import run_rl
+from trajlab.models.loading import load_model, load_processor, load_tokenizer
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220)}
 
@@ -51,8 +50,8 @@ def _run(vision_dir: Path, out: Path, **overrides: Any) -> Path:
     settings = RLSettings(**({"steps": 1, "tasks_per_step": 2, "group_size": 2, "minibatch_size": 4,
                               "save_steps": 1, "learning_rate": 1e-4, "kl_coef": 0.01} | overrides))
     rollout = RolloutSettings(max_turns=1, max_new_tokens=8, concurrency=4)
-    return run_rl(vision_dir, tokenizer, resolve_chat_template(tokenizer), SNAPSHOT, settings, rollout, out,
-                  device="cpu", processor=load_processor(vision_dir))
+    return trajlab.rl(vision_dir, SNAPSHOT, out, tokenizer=tokenizer, rollout=rollout, device="cpu",
+                      processor=load_processor(vision_dir), **settings.model_dump())
 
 
 def test_the_update_sees_the_pixels_the_sampler_saw(tiny_vision_dir, tmp_path) -> None:

@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.config import RLSettings, RolloutSettings
-from trajlab.models import load_model, load_tokenizer
-from trajlab.train.rl import CHECKPOINT, run_rl
+from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.train.checkpoints import CHECKPOINT
 
 from ..rollout.dying_env import LENGTH, arm
 from ..rollout.length_env import SLOW
@@ -46,8 +46,8 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, mon
     def rl(name: str, workers: int, **kwargs: object) -> list[dict[str, float]]:
         rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers,
                                   retry_backoff_s=0.1)
-        run_rl(terse_model_dir, tokenizer, resolve_chat_template(tokenizer), LENGTH, settings, rollout,
-               tmp_path / name, device="cpu", **kwargs)
+        trajlab.rl(terse_model_dir, LENGTH, tmp_path / name, tokenizer=tokenizer, rollout=rollout, device="cpu",
+                   **kwargs, **settings.model_dump())
         return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
     in_process = rl("in_process", 0)
@@ -82,8 +82,8 @@ def test_asynchronous_rl_on_workers_samples_what_it_does_in_process(terse_model_
     runs = []
     for name, workers in (("in_process", 0), ("workers", 2)):
         rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8, workers=workers)
-        run_rl(terse_model_dir, tokenizer, resolve_chat_template(tokenizer), SLOW, settings, rollout, tmp_path / name,
-               device="cpu")
+        trajlab.rl(terse_model_dir, SLOW, tmp_path / name, tokenizer=tokenizer, rollout=rollout, device="cpu",
+                   **settings.model_dump())
         runs.append([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
     local, remote = runs
     assert [s.get("rollout/staleness/1") for s in remote] == [None, 8, 8]

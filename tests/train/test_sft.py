@@ -4,14 +4,14 @@ import asyncio
 import itertools
 import json
 
+import trajlab
 from trajlab.chat.parsers import get_parser
 from trajlab.config import LoraSettings, SFTSettings
 from trajlab.data.datasets import sft_dataset
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 from trajlab.rollout.engine import Episode, RolloutEngine
-from trajlab.train.sft import run_sft
 
 
 def demonstrations(tokenizer, template, n=8):
@@ -50,9 +50,10 @@ def test_system_user_and_tool_tokens_carry_no_loss(tiny_tokenizer, tiny_template
 def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
     dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
     settings = SFTSettings(max_steps=2, batch_size=4, save_steps=1, logging_steps=1, warmup_steps=0)
-    run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings)
+    trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())
     settings = settings.model_copy(update={"max_steps": 3})
-    final = run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings, resume=True)
+    final = trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, resume=True,
+                        **settings.model_dump())
     state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2, 3]
@@ -64,7 +65,7 @@ def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_templa
 def test_sft_with_lora_saves_a_merged_model(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
     dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
     settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, lora=LoraSettings(r=4, alpha=8))
-    final = run_sft(tiny_model_dir, tiny_tokenizer, dataset, tmp_path, settings)
+    final = trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())
     merged = load_model(final)
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
@@ -73,7 +74,7 @@ def test_sft_with_gradient_checkpointing_trains_a_step(tiny_model_dir, tiny_toke
     dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
     model = load_model(tiny_model_dir)
     settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, logging_steps=1, gradient_checkpointing=True)
-    run_sft(model, tiny_tokenizer, dataset, tmp_path, settings)
+    trajlab.sft(model, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())
     state = json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1]

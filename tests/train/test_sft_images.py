@@ -29,10 +29,9 @@ from trajlab.env.limits import EpisodeLimits
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.pixels import image_inputs
 from trajlab.inference.policy import load_policy
-from trajlab.models import load_model, load_processor
+from trajlab.models.loading import load_model, load_processor
 from trajlab.rollout.engine import Episode, RolloutEngine
 from trajlab.rollout.types import Trajectory
-from trajlab.train.sft import run_sft
 
 LOOKS = 3
 TOKENS_PER_IMAGE = 4  # the tiny vision model's
@@ -112,8 +111,8 @@ def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides
     model, processor = load_model(tiny_vision_dir), load_processor(tiny_vision_dir)
     batches: list[dict[str, Any]] = []
     model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs), with_kwargs=True)
-    run_sft(model, policy.tokenizer, load_saved_dataset(saved), tmp_path / "out", _settings(), processor=processor,
-            device="cpu")
+    trajlab.sft(model, load_saved_dataset(saved), tmp_path / "out", tokenizer=policy.tokenizer, processor=processor,
+                device="cpu", **_settings().model_dump())
 
     batch = batches[0]
     ids = batch["input_ids"]  # (2, L)
@@ -145,8 +144,8 @@ def test_the_training_loss_depends_on_the_pixels(slides, tiny_vision_dir, tmp_pa
     processor = load_processor(tiny_vision_dir)
 
     def first_loss(trajectory: Trajectory, out: str) -> float:
-        run_sft(tiny_vision_dir, policy.tokenizer, sft_dataset([trajectory]), tmp_path / out,
-                _settings(batch_size=1), processor=processor, device="cpu")
+        trajlab.sft(tiny_vision_dir, sft_dataset([trajectory]), tmp_path / out, tokenizer=policy.tokenizer,
+                    processor=processor, device="cpu", **_settings(batch_size=1).model_dump())
         return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["loss/sft"]
 
     loss = first_loss(dog, "dog")
@@ -155,9 +154,11 @@ def test_the_training_loss_depends_on_the_pixels(slides, tiny_vision_dir, tmp_pa
 
 
 def test_sft_needs_the_processor_for_images(slides, tiny_vision_dir, tmp_path) -> None:
+    """A loaded model brings no processor of its own (a model directory's is loaded with it)."""
     policy, by_name = slides
     with pytest.raises(ValueError, match="processor"):
-        run_sft(tiny_vision_dir, policy.tokenizer, sft_dataset([by_name["cats"]]), tmp_path, _settings())
+        trajlab.sft(load_model(tiny_vision_dir, device="cpu"), sft_dataset([by_name["cats"]]), tmp_path,
+                    tokenizer=policy.tokenizer, **_settings().model_dump())
 
 
 def invoke(*args: Any) -> Any:

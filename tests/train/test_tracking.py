@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trajlab import api
+import trajlab
 from trajlab.errors import MissingDependency, UserError
 from trajlab.tracking import Trackers
 
@@ -50,7 +50,7 @@ def test_rl_sends_every_step_to_tensorboard_under_documented_names(terse_model_d
     from ..rollout.length_env import SPEC as LENGTH
 
     run = tmp_path / "run"
-    api.rl(terse_model_dir, LENGTH, run / "rl", report_to=["tensorboard"], device="cpu", steps=2, tasks_per_step=2,
+    trajlab.rl(terse_model_dir, LENGTH, run / "rl", report_to=["tensorboard"], device="cpu", steps=2, tasks_per_step=2,
            group_size=2, rewards={"env": 1.0}, rollout={"max_turns": 1, "max_new_tokens": 16, "concurrency": 4})
     records = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     logged = scalars(run / "tensorboard" / "rl")
@@ -67,7 +67,7 @@ def test_sft_and_eval_send_theirs(tiny_model_dir, tiny_tokenizer, tiny_template,
     from .test_sft import demonstrations
 
     run = tmp_path / "run"
-    api.sft(tiny_model_dir, demonstrations(tiny_tokenizer, tiny_template), run / "sft", report_to=["tensorboard"],
+    trajlab.sft(tiny_model_dir, demonstrations(tiny_tokenizer, tiny_template), run / "sft", report_to=["tensorboard"],
             device="cpu", max_steps=3, batch_size=4, logging_steps=1, save_steps=10, warmup_steps=0)
     records = [json.loads(line) for line in (run / "sft" / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss/sft"] for r in records if "loss/sft" in r}
@@ -76,7 +76,7 @@ def test_sft_and_eval_send_theirs(tiny_model_dir, tiny_tokenizer, tiny_template,
     assert logged["loss/sft"] == pytest.approx(losses) and "optim/lr" in logged
     assert undocumented(set(logged)) == []
 
-    report = api.evaluate("arithmetic", "oracle", out=run / "eval-0-oracle", tokenizer=str(tiny_model_dir),
+    report = trajlab.evaluate("arithmetic", "oracle", out=run / "eval-0-oracle", tokenizer=str(tiny_model_dir),
                           report_to=["tensorboard"], num_tasks=3, rewards={"env": 1.0, "progress": 0.5})
     logged = scalars(run / "tensorboard" / "eval-0-oracle")
     assert logged["eval/success_rate"] == {0: report.success_rate} and report.success_rate == 1.0
@@ -88,7 +88,7 @@ def test_unknown_or_missing_trackers_say_what_to_do(tmp_path):
     with pytest.raises(UserError, match=r"unknown tracker\(s\) \['neptune'\]; choose from tensorboard, wandb"):
         Trackers(["neptune"], tmp_path, "rl")
     with pytest.raises(UserError, match="report_to needs out="):
-        api.evaluate("arithmetic", "oracle", report_to=["tensorboard"], num_tasks=1)
+        trajlab.evaluate("arithmetic", "oracle", report_to=["tensorboard"], num_tasks=1)
     missing = [name for name in ("wandb", "trackio", "mlflow") if _absent(name)]
     for name in missing:  # the test environment installs tensorboard only
         with pytest.raises(MissingDependency, match=rf"report_to: {name} needs .* pip install 'trajlab\[{name}\]'"):

@@ -14,13 +14,12 @@ import json
 import pytest
 import torch
 
-from trajlab.chat.template import resolve_chat_template
+import trajlab
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.vllm import VLLMGenerator, full_weights
-from trajlab.models import load_model
-from trajlab.train.rl import run_rl
+from trajlab.models.loading import load_model
 
 from .noisy_env import SPEC as NOISY
 
@@ -146,8 +145,8 @@ def test_three_rl_steps_with_the_engine_as_sampler_change_its_outputs(engine, pr
     loads = engine.weight_loads
     settings = RLSettings(steps=3, tasks_per_step=2, group_size=2, learning_rate=3e-3, save_steps=3)
     rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
-    final = run_rl(tiny_model_dir, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), NOISY, settings, rollout,
-                   tmp_path, sampler=engine)
+    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout, sampler=engine,
+                       **settings.model_dump())
     assert engine.weight_loads == loads + 3, "the engine took the weights after each of the 3 steps"
     assert not engine.sleep_supported, "on CPU sleep/wake_up are no-ops (vLLM has no sleep mode there)"
     trained = load_model(final)
@@ -170,8 +169,8 @@ def test_rl_with_lora_hands_the_engine_the_merged_weights(engine, prompts, tiny_
     settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
                           lora=LoraSettings(r=4, alpha=8))
     rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
-    final = run_rl(tiny_model_dir, tiny_tokenizer, resolve_chat_template(tiny_tokenizer), NOISY, settings, rollout,
-                   tmp_path, sampler=engine)
+    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout, sampler=engine,
+                       **settings.model_dump())
     merged, base = load_model(final), load_model(tiny_model_dir)  # out/final holds the adapter merged in
     results = generate(engine, prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
     for prompt, result in zip(prompts, results, strict=True):

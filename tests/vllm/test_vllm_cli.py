@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from trajlab.data.store import read_trajectories
-from trajlab.models import load_model
+from trajlab.models.loading import load_model
 
 pytest.importorskip("vllm", reason="the vLLM lane: `scripts/test.sh --vllm` runs tests/vllm in .venv-vllm")
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The ``trajlab`` command line: a thin typer layer over the Python API (:mod:`trajlab.api`) and the recipes.
+"""The ``trajlab`` command line: a thin typer layer over the recipes (:mod:`trajlab.recipes`), the Python API.
 
 Each command module holds one group of jobs; this module only assembles the app. A user's mistake is one line on
 the console and exit code 1; a wrong combination of options is a usage error, exit code 2.
@@ -34,13 +34,13 @@ def main(
 app.command()(setup.envs)
 app.add_typer(setup.model_app, name="model")
 app.add_typer(setup.config_app, name="config")
-app.command()(rollouts.collect)
+app.command("collect")(rollouts.collect_command)
 app.add_typer(rollouts.eval_app, name="eval")
 app.command()(training.dataset)
-app.command()(training.sft)
-app.command()(training.rl)
-app.command()(training.evolve)
-app.command()(training.run)
+app.command("sft")(training.sft_command)
+app.command("rl")(training.rl_command)
+app.command("evolve")(training.evolve_command)
+app.command("run")(training.run_command)
 app.command()(report.report)
 app.command()(serving.serve)
 app.add_typer(serving.traces_app, name="traces")

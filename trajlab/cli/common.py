@@ -8,9 +8,13 @@ run config's stage share every default.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import click
 import typer
@@ -20,6 +24,7 @@ from typer.core import TyperGroup
 
 from trajlab.config import PipelineConfig, load_config
 
+Command = TypeVar("Command", bound=Callable[..., Any])
 console = Console(emoji=False)  # episode ids hold ":train:", which rich would print as an emoji
 
 
@@ -67,15 +72,69 @@ def _field(path: str) -> Any:
 
 
 def setting(path: str, *flags: str, **option: Any) -> Any:
-    """A typer option for the config field at ``path``: its help text and default come from the field.
+    """A typer option for the config field at ``path``: its help text, shown default and bounds (``ge``/``le``, a
+    usage error when crossed) come from the field.
 
     The option's own default is None ("not given"), so only what the user typed overrides the config.
     """
     field = _field(path)
     default = field.get_default(call_default_factory=True)
-    shown = "" if default is None else f" [config: {path}, default: {default}]"
-    return typer.Option(*flags, help=(field.description or "") + (shown or f" [config: {path}]"),
-                        show_default=False, **option)
+    shown = "" if default is None else escape(f" [config: {path}, default: {default}]")  # rich markup otherwise
+    bounds = {name: getattr(rule, attr) for rule in field.metadata for name, attr in (("min", "ge"), ("max", "le"))
+              if getattr(rule, attr, None) is not None}
+    return typer.Option(*flags, help=(field.description or "") + (shown or escape(f" [config: {path}]")),
+                        show_default=False, **(bounds | option))
+
+
+ConfigOption = str | tuple[str, str]
+"""A config path (``rollout.max_turns`` is ``--max-turns``), or a path and the flag that names it on the command line
+(``("rollout.tool_timeout_s", "--tool-timeout")``)."""
+
+
+def config_options(*options: ConfigOption) -> Callable[[Command], Command]:
+    """Give a command one option per config path, each a view of its field (:func:`setting`); the command receives
+    what the user typed as ``given`` (dotted path -> value, None: not given), for :func:`load`. Commands declare the
+    options they share (rollout limits, placement) by their paths instead of repeating a block of parameters."""
+
+    def decorate(command: Command) -> Command:
+        signature = inspect.signature(command, eval_str=True)
+        names: dict[str, str] = {}
+        added = []
+        for option in options:
+            path, flags = (option, ()) if isinstance(option, str) else (option[0], option[1:])
+            name = flags[0].lstrip("-").replace("-", "_") if flags else path.rpartition(".")[2]
+            names[name] = path
+            added.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                           annotation=Annotated[_option_type(path) | None, setting(path, *flags)]))
+
+        @functools.wraps(command)
+        def with_given(*args: Any, **kwargs: Any) -> Any:
+            given = {path: kwargs.pop(name) for name, path in names.items()}
+            return command(*args, **kwargs, given=given)
+
+        kept = [parameter for name, parameter in signature.parameters.items() if name != "given"]
+        with_given.__signature__ = signature.replace(parameters=kept + added)
+        return with_given
+
+    return decorate
+
+
+def _option_type(path: str) -> Any:
+    """The command-line type of a config field: its value type without validators, None or choices (a list stays a
+    list of its items)."""
+    return _value_type(_field(path).annotation)
+
+
+def _value_type(kind: Any) -> Any:
+    if get_origin(kind) is Annotated:
+        return _value_type(get_args(kind)[0])
+    if get_origin(kind) in (Union, UnionType):
+        return _value_type(next(arg for arg in get_args(kind) if arg is not type(None)))
+    if get_origin(kind) is Literal:
+        return type(get_args(kind)[0])
+    if get_origin(kind) is list:
+        return list[_value_type(get_args(kind)[0])]
+    return kind
 
 
 ConfigFile = Annotated[Path | None, typer.Option(

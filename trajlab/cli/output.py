@@ -24,8 +24,8 @@ from rich.text import Text
 
 from trajlab.cli.common import console
 
-if TYPE_CHECKING:  # importing the API here would slow every command's start
-    from trajlab.api import Progress
+if TYPE_CHECKING:  # importing the recipes here would slow every command's start
+    from trajlab.recipes.arguments import Progress
 
 PROGRESS_EVERY_S = 30.0
 """How often progress is written when the output is not a terminal."""

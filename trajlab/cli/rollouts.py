@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
+from trajlab.cli.common import ConfigFile, ConfigOption, Sets, config_options, console, load, usage_error
 from trajlab.cli.output import progress
 
 EnvOption = Annotated[str | None, typer.Option(
@@ -22,67 +22,34 @@ TasksFile = Annotated[Path | None, typer.Option(help="JSONL file of tasks instea
 Tokenizer = Annotated[str | None, typer.Option(
     help="Tokenizer of the oracle policy (default: the tiny model, or the tiny vision-language model for an env whose "
     "tools return images), or, required, the served model's for a server --policy.")]
-Seed = Annotated[int | None, typer.Option(help="Task order seed.")]
-Parser = Annotated[str | None, setting("rollout.parser")]
-Concurrency = Annotated[int | None, setting("rollout.concurrency", min=1)]
-MaxTurns = Annotated[int | None, setting("rollout.max_turns")]
-MaxEpisodeTokens = Annotated[int | None, setting("rollout.max_episode_tokens")]
-MaxNewTokens = Annotated[int | None, setting("rollout.max_new_tokens")]
-ToolTimeout = Annotated[float | None, setting("rollout.tool_timeout_s", "--tool-timeout")]
-SystemPrompt = Annotated[str | None, setting("rollout.system_prompt")]
-PromptFile = Annotated[Path | None, setting("rollout.prompt_file")]
-Device = Annotated[str | None, setting("model.device")]
-DType = Annotated[str | None, setting("model.dtype")]
-Backend = Annotated[str | None, setting("model.backend")]
+ROLLOUT_OPTIONS: tuple[ConfigOption, ...] = (
+    "rollout.parser", "rollout.concurrency", "rollout.max_turns", "rollout.max_episode_tokens",
+    "rollout.max_new_tokens", ("rollout.tool_timeout_s", "--tool-timeout"), "rollout.system_prompt",
+    "rollout.prompt_file")
+"""How episodes roll out: every command that rolls a policy out takes them."""
+PLACEMENT_OPTIONS: tuple[ConfigOption, ...] = ("model.device", "model.dtype", "model.backend")
+"""Where a model runs and what generates for it."""
 
 
-def _rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
-             prompt_file) -> dict[str, Any]:
-    """The shared rollout options as config paths."""
-    return {"rollout.parser": parser, "rollout.concurrency": concurrency, "rollout.max_turns": max_turns,
-            "rollout.max_episode_tokens": max_episode_tokens, "rollout.max_new_tokens": max_new_tokens,
-            "rollout.tool_timeout_s": tool_timeout, "rollout.system_prompt": system_prompt,
-            "rollout.prompt_file": str(prompt_file) if prompt_file else None}
-
-
-def collect(
+@config_options("collect.episodes", "collect.split", "collect.samples_per_task", "collect.temperature",
+                "collect.reference", "collect.reference_noise", ("seed", "--seed"), *ROLLOUT_OPTIONS,
+                *PLACEMENT_OPTIONS)
+def collect_command(
     policy: PolicyOption,
     out: Annotated[Path, typer.Option(help="Trajectory file (JSONL); appended to, and resumed if it exists.")],
     env: EnvOption = None,
-    episodes: Annotated[int | None, setting("collect.episodes", min=1)] = None,
-    split: Annotated[str | None, setting("collect.split")] = None,
-    samples_per_task: Annotated[int | None, setting("collect.samples_per_task", min=1)] = None,
-    temperature: Annotated[float | None, setting("collect.temperature", min=0.0)] = None,
-    reference: Annotated[str | None, setting("collect.reference")] = None,
-    reference_noise: Annotated[float | None, setting("collect.reference_noise", min=0.0, max=1.0)] = None,
-    seed: Seed = None,
     tasks: TasksFile = None,
     tokenizer: Tokenizer = None,
-    parser: Parser = None,
-    concurrency: Concurrency = None,
-    max_turns: MaxTurns = None,
-    max_episode_tokens: MaxEpisodeTokens = None,
-    max_new_tokens: MaxNewTokens = None,
-    tool_timeout: ToolTimeout = None,
-    system_prompt: SystemPrompt = None,
-    prompt_file: PromptFile = None,
-    device: Device = None,
-    dtype: DType = None,
-    backend: Backend = None,
     config: ConfigFile = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Roll out a policy on an env and append the trajectories to OUT, then print a summary."""
-    from trajlab import api
+    import trajlab
     from trajlab.evaluation import evaluate_trajectories
 
-    settings = load(config, sets, {
-        "env": env, "collect.episodes": episodes, "collect.split": split, "collect.samples_per_task": samples_per_task,
-        "collect.temperature": temperature, "collect.reference": reference,
-        "collect.reference_noise": reference_noise, "seed": seed,
-        "model.device": device, "model.dtype": dtype, "model.backend": backend,
-        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
-                   prompt_file)})
+    settings = load(config, sets, {"env": env, **given})
     already: list[int] = []  # the first progress report says how many episodes were on disk
 
     with progress("collect") as show:
@@ -91,11 +58,10 @@ def collect(
                 already.append(done)
             show(done, total)
 
-        trajectories = api.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
-                                   seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
-                                   device=settings.model.device, dtype=settings.model.dtype,
-                                   backend=settings.model.backend,
-                                   **settings.collect.model_dump())
+        trajectories = trajlab.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
+                                       seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
+                                       device=settings.model.device, dtype=settings.model.dtype,
+                                       backend=settings.model.backend, **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
     table = Table(title=f"{out}", show_header=False)
     table.add_row("episodes", str(report.episodes))
@@ -118,35 +84,21 @@ eval_app = typer.Typer(
 
 
 @eval_app.callback()
-def eval_run(
+@config_options("eval.num_tasks", "eval.samples_per_task", ("eval.ks", "--k"), "eval.split", "eval.seed",
+                "eval.temperature", *ROLLOUT_OPTIONS, *PLACEMENT_OPTIONS, "report_to")
+def eval_command(
     ctx: typer.Context,
     env: EnvOption = None,
     policy: Annotated[str | None, typer.Option(help=POLICY_HELP)] = None,
     out: Annotated[Path | None, typer.Option(help="Run dir for trajectories.jsonl + eval.json; resumed.")] = None,
-    num_tasks: Annotated[int | None, setting("eval.num_tasks", min=1)] = None,
-    samples_per_task: Annotated[int | None, setting("eval.samples_per_task", min=1)] = None,
-    k: Annotated[list[int] | None, setting("eval.ks", "--k", min=1)] = None,
-    split: Annotated[str | None, setting("eval.split")] = None,
-    seed: Annotated[int | None, setting("eval.seed")] = None,
-    temperature: Annotated[float | None, setting("eval.temperature", min=0.0)] = None,
     label: Annotated[str | None, typer.Option(help="Run name in tables (default: the policy's name).")] = None,
     tasks: TasksFile = None,
     tokenizer: Tokenizer = None,
-    parser: Parser = None,
-    concurrency: Concurrency = None,
-    max_turns: MaxTurns = None,
-    max_episode_tokens: MaxEpisodeTokens = None,
-    max_new_tokens: MaxNewTokens = None,
-    tool_timeout: ToolTimeout = None,
-    system_prompt: SystemPrompt = None,
-    prompt_file: PromptFile = None,
-    backend: Backend = None,
     max_tasks: Annotated[int, typer.Option(min=0, help="Task rows to print (weakest first).")] = 20,
-    device: Device = None,
-    dtype: DType = None,
-    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Roll out POLICY on SPLIT with --samples-per-task episodes per task, write OUT/eval.json, print the tables.
 
@@ -154,28 +106,23 @@ def eval_run(
     """
     if ctx.invoked_subcommand is not None:
         return  # `trajlab eval compare ...`: this callback only runs an evaluation when no subcommand is given
-    from trajlab import api
+    import trajlab
     from trajlab.evaluation import report_table
 
     missing = [f"--{name}" for name, value in (("policy", policy), ("out", out)) if value is None]
     if missing:
         raise usage_error(f"trajlab eval needs {', '.join(missing)} (or: trajlab eval compare A.json B.json).")
-    if tasks is not None and num_tasks is None:
+    if tasks is not None and given["eval.num_tasks"] is None:
         from trajlab.env.registry import read_tasks_file
 
-        num_tasks = max(len(read_tasks_file(tasks)), 1)
-    settings = load(config, sets, {
-        "env": env, "eval.num_tasks": num_tasks, "eval.samples_per_task": samples_per_task, "eval.ks": k,
-        "eval.split": split, "eval.seed": seed, "eval.temperature": temperature, "model.device": device,
-        "model.dtype": dtype, "model.backend": backend, "report_to": report_to,
-        **_rollout(parser, concurrency, max_turns, max_episode_tokens, max_new_tokens, tool_timeout, system_prompt,
-                   prompt_file)})
+        given["eval.num_tasks"] = max(len(read_tasks_file(tasks)), 1)
+    settings = load(config, sets, {"env": env, **given})
     with progress("eval") as on_progress:
-        report = api.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
-                              rollout=settings.rollout, label=label, on_progress=on_progress,
-                              device=settings.model.device, dtype=settings.model.dtype,
-                              backend=settings.model.backend, report_to=settings.report_to,
-                              **settings.eval.model_dump())
+        report = trajlab.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
+                                  rollout=settings.rollout, label=label, on_progress=on_progress,
+                                  device=settings.model.device, dtype=settings.model.dtype,
+                                  backend=settings.model.backend, report_to=settings.report_to,
+                                  **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")
 

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from trajlab.cli.common import console, load, usage_error
-from trajlab.cli.rollouts import Backend, Device, DType, Parser
+from trajlab.cli.common import console, load, setting, usage_error
 from trajlab.errors import require
 
 
@@ -25,16 +24,16 @@ def serve(
                                                           "model directory's name).")] = None,
     record_dir: Annotated[Path, typer.Option(help="One JSONL file of call records per session.")] = Path(
         "runs/serve/sessions"),
-    parser: Parser = None,
+    parser: Annotated[str | None, setting("rollout.parser")] = None,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Most generations batched together.")] = 32,
     max_body_bytes: Annotated[int, typer.Option(min=1, help="Larger request bodies get 413.")] = 4 << 20,
     body_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds a request body may take to arrive; then "
                                                 "408.")] = 30.0,
     prefix_cache_mb: Annotated[int, typer.Option(min=0, help="Memory (MiB) for key/value states kept between a "
                                                  "session's calls (hf backend); bounds the server's memory.")] = 1024,
-    device: Device = None,
-    dtype: DType = None,
-    backend: Backend = None,
+    device: Annotated[str | None, setting("model.device")] = None,
+    dtype: Annotated[str | None, setting("model.dtype")] = None,
+    backend: Annotated[str | None, setting("model.backend")] = None,
 ):
     """Serve a model over an OpenAI-compatible API and record every session's calls with exact token ids."""
     uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
@@ -75,7 +74,7 @@ def traces_export(
 ):
     """Rebuild trajectories from session recordings: calls that extend a conversation merge, edited ones fork."""
     from trajlab.chat.template import resolve_chat_template
-    from trajlab.models import load_processor, load_tokenizer
+    from trajlab.models.loading import load_processor, load_tokenizer
     from trajlab.proxy.export import DropRule, export_sessions, load_reward, session_files
 
     rules = [DropRule.parse(rule) for rule in drop_if or []]

@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trajlab.cli.common import Sets, console, load
+from trajlab.cli.common import Sets, console, load, setting
 
 model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
@@ -67,19 +67,21 @@ def envs(
 @model_app.command("init")
 def model_init(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the model and tokenizer to.")],
-    seed: Annotated[int, typer.Option(help="Weight initialisation seed.")] = 0,
+    seed: Annotated[int | None, setting("model.init_seed", "--seed")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing model directory.")] = False,
     vision: Annotated[bool, typer.Option(help="Build the tiny vision-language model (Gemma 3 architecture, with "
                                               "its image processor) instead of the text one.")] = False,
 ) -> None:
     """Build the tiny offline default model (Qwen3 architecture + byte-level BPE tokenizer) in seconds; with --vision,
     the tiny vision-language model (Gemma 3 architecture, its processor and the same tokenizer plus image tokens)."""
-    from trajlab.models import init_tiny_model, load_model
+    from trajlab.models.loading import load_model
+    from trajlab.models.tiny import init_tiny_model
 
+    seed = load(None, None, {"model.init_seed": seed}).model.init_seed
     started = time.perf_counter()
     try:
         if vision:
-            from trajlab.vision import init_tiny_vision_model
+            from trajlab.models.tiny_vision import init_tiny_vision_model
 
             path = init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite)
         else:

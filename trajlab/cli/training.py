@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
-from trajlab.cli.common import ConfigFile, ReportTo, Sets, console, load, setting, usage_error
+from trajlab.cli.common import ConfigFile, ConfigOption, Sets, config_options, console, load, setting, usage_error
 from trajlab.cli.output import progress, say
-from trajlab.cli.rollouts import POLICY_HELP, Backend, Device, DType, Tokenizer
+from trajlab.cli.rollouts import POLICY_HELP, Tokenizer
 
 ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory to train (default: the config's "
                                                "model.path).")]
 Resume = Annotated[bool, typer.Option(help="Continue from the newest checkpoint in OUT.")]
-TrainSeed = Annotated[int | None, setting("seed")]
 
 
 def dataset(
@@ -60,161 +59,127 @@ def _model_dir(model: Path | None, configured: str | None) -> Path:
     return path
 
 
-def sft(
+LORA_RANK = Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
+                                               "(the config's sft.lora.r / rl.lora.r).")]
+TRAINING_OPTIONS: tuple[ConfigOption, ...] = ("seed", "model.device", "model.dtype", "report_to")
+"""What every training command takes besides its stage's settings: the seed, where it trains, its trackers."""
+
+
+@config_options("sft.epochs", "sft.max_steps", "sft.learning_rate", "sft.batch_size", "sft.gradient_checkpointing",
+                *TRAINING_OPTIONS)
+def sft_command(
     out: Annotated[Path, typer.Option(help="Output directory: checkpoints, then out/final.")],
     model: ModelDir = None,
     sources: Annotated[list[Path] | None, typer.Option("--from", help="Trajectory file(s); successes are used.")] = (
         None),
     data: Annotated[Path | None, typer.Option(help="A dataset written by `trajlab dataset --kind sft`.")] = None,
-    epochs: Annotated[float | None, setting("sft.epochs")] = None,
-    max_steps: Annotated[int | None, setting("sft.max_steps")] = None,
-    learning_rate: Annotated[float | None, setting("sft.learning_rate")] = None,
-    batch_size: Annotated[int | None, setting("sft.batch_size")] = None,
-    gradient_checkpointing: Annotated[bool | None, setting("sft.gradient_checkpointing")] = None,
-    lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
-                                               "(the config's sft.lora.r).")] = None,
+    lora_r: LORA_RANK = None,
     resume: Resume = False,
-    seed: TrainSeed = None,
-    device: Device = None,
-    dtype: DType = None,
-    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Supervised fine-tuning on trajectories, with loss on the model's own tokens only."""
-    from trajlab import api
+    import trajlab
     from trajlab.data.datasets import load_saved_dataset
     from trajlab.data.store import read_trajectories
 
     if (sources is None) == (data is None):
         raise usage_error("give exactly one of --from TRAJECTORIES.jsonl or --data DATASET.")
-    settings = load(config, sets, {"sft.epochs": epochs, "sft.max_steps": max_steps, "sft.learning_rate": learning_rate,
-                                   "sft.batch_size": batch_size, "sft.lora": {"r": lora_r} if lora_r else None,
-                                   "sft.gradient_checkpointing": gradient_checkpointing, "seed": seed,
-                                   "model.device": device, "model.dtype": dtype, "report_to": report_to})
+    settings = load(config, sets, given | {"sft.lora": {"r": lora_r} if lora_r else None})
     path = _model_dir(model, settings.model.path)
     built = [t for s in sources for t in read_trajectories(s)] if sources else load_saved_dataset(data)
     with progress("sft") as on_progress:
-        final = api.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
-                        parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
-                        report_to=settings.report_to, on_progress=on_progress, **settings.sft.model_dump())
+        final = trajlab.sft(path, built, out, seed=settings.seed, resume=resume, dataset=settings.dataset,
+                            parser=settings.rollout.parser, device=settings.model.device, dtype=settings.model.dtype,
+                            report_to=settings.report_to, on_progress=on_progress, **settings.sft.model_dump())
     console.print(f"SFT on {len(built)} {'trajectories' if sources else 'rows'} done: {final}")
 
 
-def rl(
+@config_options("rl.steps", "rl.estimator", "rl.credit", "rl.group_size", "rl.tasks_per_step", "rl.learning_rate",
+                "rl.kl_coef", "rl.gradient_checkpointing", *TRAINING_OPTIONS, "model.backend")
+def rl_command(
     out: Annotated[Path, typer.Option(help="Output directory: metrics.jsonl, checkpoint, final.")],
     model: ModelDir = None,
     env: Annotated[str | None, typer.Option(help="Registered env name or import path; comma-separated names mix "
                                             "envs. Default: the config's env.")] = None,
-    steps: Annotated[int | None, setting("rl.steps")] = None,
-    estimator: Annotated[str | None, setting("rl.estimator")] = None,
-    credit: Annotated[str | None, setting("rl.credit")] = None,
-    group_size: Annotated[int | None, setting("rl.group_size")] = None,
-    tasks_per_step: Annotated[int | None, setting("rl.tasks_per_step")] = None,
-    learning_rate: Annotated[float | None, setting("rl.learning_rate")] = None,
-    kl_coef: Annotated[float | None, setting("rl.kl_coef")] = None,
-    gradient_checkpointing: Annotated[bool | None, setting("rl.gradient_checkpointing")] = None,
-    lora_r: Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
-                                               "(the config's rl.lora.r).")] = None,
+    lora_r: LORA_RANK = None,
     skip_tasks_of: Annotated[Path | None, typer.Option(help="A trajectory file, such as the demonstrations SFT "
                                                        "learned from: RL draws none of its tasks (`trajlab run` "
                                                        "leaves out its demos.jsonl's).")] = None,
     resume: Resume = False,
-    seed: TrainSeed = None,
-    device: Device = None,
-    dtype: DType = None,
-    backend: Backend = None,
-    report_to: ReportTo = None,
     config: ConfigFile = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Online multi-turn RL (GRPO, Dr.GRPO, RLOO; trajectory- or turn-level credit) with trajlab rollouts."""
-    from trajlab import api
-    from trajlab.data.store import task_ids
+    import trajlab
+    from trajlab.data.store import task_keys
 
-    settings = load(config, sets, {
-        "env": env, "rl.steps": steps, "rl.estimator": estimator, "rl.credit": credit, "rl.group_size": group_size,
-        "rl.tasks_per_step": tasks_per_step, "rl.learning_rate": learning_rate, "rl.kl_coef": kl_coef,
-        "rl.lora": {"r": lora_r} if lora_r else None, "rl.gradient_checkpointing": gradient_checkpointing,
-        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend,
-        "report_to": report_to})
+    settings = load(config, sets, given | {"env": env, "rl.lora": {"r": lora_r} if lora_r else None})
     path = _model_dir(model, settings.model.path)
 
     def show(record: dict) -> None:
         say(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()))
 
-    skipped = task_ids(skip_tasks_of) if skip_tasks_of else frozenset()
-    final = api.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
-                   on_step=show, device=settings.model.device, dtype=settings.model.dtype,
-                   backend=settings.model.backend, report_to=settings.report_to, curriculum=settings.curriculum,
-                   skip_tasks=skipped, **settings.rl.model_dump())
+    skipped = task_keys(skip_tasks_of) if skip_tasks_of else frozenset()
+    final = trajlab.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
+                       on_step=show, device=settings.model.device, dtype=settings.model.dtype,
+                       backend=settings.model.backend, report_to=settings.report_to, curriculum=settings.curriculum,
+                       skip_tasks=skipped, **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 
-def evolve(
+@config_options("evolve.reflection", "evolve.max_metric_calls", "evolve.train_tasks", "evolve.val_tasks",
+                "evolve.minibatch_size", "evolve.use_merge", ("rollout.system_prompt", "--seed-prompt"),
+                "rollout.prompt_file", *TRAINING_OPTIONS, "model.backend")
+def evolve_command(
     config: ConfigFile = None,
     env: Annotated[str | None, typer.Option(help="Registered env name or import path 'my_pkg.envs:MyEnv'.")] = None,
     policy: Annotated[str | None, typer.Option(help=POLICY_HELP + " Default: the config's model (model.path, else "
                                                "the tiny model).")] = None,
-    reflection: Annotated[str | None, setting("evolve.reflection")] = None,
     out: Annotated[Path | None, typer.Option(help="Run dir: gepa/ (state and rollouts; re-running resumes) and "
                                              "result/. Default: RUN_DIR/evolve.")] = None,
-    max_metric_calls: Annotated[int | None, setting("evolve.max_metric_calls", min=1)] = None,
-    train_tasks: Annotated[int | None, setting("evolve.train_tasks", min=1)] = None,
-    val_tasks: Annotated[int | None, setting("evolve.val_tasks", min=1)] = None,
-    minibatch_size: Annotated[int | None, setting("evolve.minibatch_size", min=1)] = None,
     tool: Annotated[list[str] | None, setting("evolve.tools", "--tool")] = None,
-    use_merge: Annotated[bool | None, setting("evolve.use_merge")] = None,
-    seed_prompt: Annotated[str | None, setting("rollout.system_prompt", "--seed-prompt")] = None,
-    prompt_file: Annotated[Path | None, setting("rollout.prompt_file")] = None,
     tokenizer: Tokenizer = None,
-    seed: Annotated[int | None, setting("seed")] = None,
-    device: Device = None,
-    dtype: DType = None,
-    backend: Backend = None,
-    report_to: ReportTo = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Evolve the system prompt (and chosen tool descriptions) with GEPA on rollouts; writes OUT/result/."""
-    from trajlab import api
+    import trajlab
     from trajlab.recipes.pipeline import resolve_model
 
-    settings = load(config, sets, {
-        "env": env, "evolve.reflection": reflection, "evolve.max_metric_calls": max_metric_calls,
-        "evolve.train_tasks": train_tasks, "evolve.val_tasks": val_tasks, "evolve.minibatch_size": minibatch_size,
-        "evolve.use_merge": use_merge, "evolve.tools": ("all" if tool == ["all"] else tool) if tool else None,
-        "rollout.system_prompt": seed_prompt, "rollout.prompt_file": str(prompt_file) if prompt_file else None,
-        "seed": seed, "model.device": device, "model.dtype": dtype, "model.backend": backend,
-        "report_to": report_to})
+    tools = ("all" if tool == ["all"] else tool) if tool else None
+    settings = load(config, sets, given | {"env": env, "evolve.tools": tools})
     spec = settings.env_spec()
     if not isinstance(settings.env, str) or "," in settings.env:
         raise usage_error("trajlab evolve runs one env; pass a single --env.")
     out = out or Path(settings.run_dir) / "evolve"
-    summary = api.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
-                         rollout=settings.rollout, seed=settings.seed, log=say, device=settings.model.device,
-                         dtype=settings.model.dtype, backend=settings.model.backend, report_to=settings.report_to,
-                         **settings.evolve.model_dump())
+    summary = trajlab.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
+                             rollout=settings.rollout, seed=settings.seed, log=say, device=settings.model.device,
+                             dtype=settings.model.dtype, backend=settings.model.backend,
+                             report_to=settings.report_to, **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "
                   f"validation score {summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} "
                   f"(best, #{summary['best_index']}). Wrote {out / 'result'}")
 
 
-def run(
+@config_options("run_dir", "seed", "model.device", "model.dtype", "report_to")
+def run_command(
     config: Annotated[Path, typer.Argument(help="Pipeline YAML (see configs/quickstart.yaml).")],
-    run_dir: Annotated[str | None, setting("run_dir")] = None,
-    seed: Annotated[int | None, setting("seed")] = None,
-    device: Device = None,
-    dtype: DType = None,
-    report_to: ReportTo = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Run the whole pipeline from one config: collect -> dataset -> SFT -> eval -> RL -> eval."""
     from trajlab.evaluation import results_table
     from trajlab.recipes.pipeline import run_pipeline
 
-    settings = load(config, sets, {"run_dir": run_dir, "seed": seed, "model.device": device, "model.dtype": dtype,
-                                   "report_to": report_to})
+    settings = load(config, sets, given)
     started = time.perf_counter()
     reports = run_pipeline(settings, log=say, progress=progress)
     metrics = ("success_rate", "mean_reward", "mean_turns", "tool_error_rate", "parse_error_rate")

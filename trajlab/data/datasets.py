@@ -57,7 +57,7 @@ from datasets.features.features import get_nested_type
 from datasets.table import InMemoryTable
 
 from trajlab.data.filters import shortest_success_per_task, successes, within_tokens
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import Trajectory, task_id, task_key
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def preference_dataset(ts: Iterable[Trajectory]) -> datasets.Dataset:
         cut = _first_assistant(t.messages)
         if t.status == "error" or cut is None:
             continue
-        key = (t.env, task_id(t.task), _dumps(t.messages[:cut]), _dumps(t.tools))
+        key = (*task_key(t.env, t.task), _dumps(t.messages[:cut]), _dumps(t.tools))
         wins, losses = groups.setdefault(key, ([], []))
         (wins if t.status == "success" else losses).append(t)
     rows = []

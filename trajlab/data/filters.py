@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import Trajectory, task_key
 
 
 def successes(ts: Iterable[Trajectory]) -> list[Trajectory]:
@@ -59,7 +59,7 @@ def shortest_success_per_task(ts: Iterable[Trajectory]) -> list[Trajectory]:
     """
     by_task: dict[tuple[str, str], list[tuple[int, Trajectory]]] = {}
     for position, t in enumerate(successes(ts)):
-        by_task.setdefault((t.env, task_id(t.task)), []).append((position, t))
+        by_task.setdefault(task_key(t.env, t.task), []).append((position, t))
     chosen: list[tuple[int, Trajectory]] = []
     for candidates in by_task.values():
         measured = [total_tokens(t) for _, t in candidates]

@@ -21,7 +21,7 @@ from types import TracebackType
 
 from pydantic import ValidationError
 
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import TaskKey, Trajectory, task_key
 
 
 class StoreError(ValueError):
@@ -78,10 +78,10 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
             yield _parse_line(raw, path, number)
 
 
-def task_ids(path: str | Path) -> frozenset[str]:
-    """The ids (``task_id``) of the tasks a trajectory file's episodes ran: what RL leaves out of its train tasks
-    when they are SFT's demonstrations."""
-    return frozenset(task_id(trajectory.task) for trajectory in read_trajectories(path))
+def task_keys(path: str | Path) -> frozenset[TaskKey]:
+    """The ``(env, task_id)`` keys of the tasks a trajectory file's episodes ran: what RL leaves out of its train
+    tasks when they are SFT's demonstrations."""
+    return frozenset(task_key(trajectory.env, trajectory.task) for trajectory in read_trajectories(path))
 
 
 def _check_torn_tail(raw: bytes, path: str | Path, number: int) -> None:

@@ -29,7 +29,7 @@ from trajlab.env.base import EnvHandle, tool_names
 from trajlab.env.content import tool_content
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
-from trajlab.models import forward_inputs
+from trajlab.models.loading import forward_inputs
 
 
 def trl_dataset(env: EnvSpec | EnvMixture, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:

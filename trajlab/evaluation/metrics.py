@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import Trajectory, task_key
 
 #: Top-level report fields that are single numbers, in display order. Comparisons and results tables use these names.
 SUMMARY_METRICS = (
@@ -126,7 +126,7 @@ def evaluate_trajectories(
 
     groups: defaultdict[tuple[str, str], list[Trajectory]] = defaultdict(list)
     for t in episodes:
-        groups[(t.env, task_id(t.task))].append(t)
+        groups[task_key(t.env, t.task)].append(t)
     tasks = [_task_row(env, task, group, ks) for (env, task), group in sorted(groups.items())]
     min_n = min(row.n for row in tasks)
     pass_at = {k: sum(row.pass_at[k] for row in tasks) / len(tasks) for k in ks if k <= min_n}

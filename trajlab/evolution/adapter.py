@@ -20,12 +20,13 @@ from typing import Any
 
 from gepa import EvaluationBatch
 
+from trajlab.collection.workers import RayRolloutRunner
+from trajlab.config import RolloutSettings
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
 from trajlab.rollout.engine import Episode, RolloutEngine
-from trajlab.rollout.rewards import REWARDS, check_weights, score
+from trajlab.rollout.rewards import REWARDS, check_weights, weighted_reward
 from trajlab.rollout.types import Trajectory, task_id
-from trajlab.rollout.workers import RayRolloutRunner
 
 MAX_FIELD_CHARS = 300
 """Longer tool results and messages are cut in transcripts: the reflection LM needs the shape, not every byte."""
@@ -51,10 +52,10 @@ class TrajlabAdapter:
             sets its system prompt, and its tool descriptions give an engine of their own
             (:meth:`RolloutEngine.with_tool_descriptions`; rollout workers, a :class:`RayRolloutRunner`, switch to
             each candidate's texts instead).
-        weights: reward weights for :func:`trajlab.rollout.rewards.score`; None scores by the env reward alone.
-        concurrency: episodes run at once.
-        retries: times an episode that failed because of the machinery (status error) is run again; one that
-            still fails scores 0 (GEPA needs a score for every task).
+        weights: reward weights for :func:`trajlab.rollout.rewards.weighted_reward`; None scores by the env reward
+            alone.
+        rollout: the episodes run at once (``concurrency``) and the retries of an episode the machinery broke
+            (status error; one that still fails scores 0: GEPA needs a score for every task).
     """
 
     propose_new_texts = None
@@ -63,14 +64,13 @@ class TrajlabAdapter:
     GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
     """
 
-    def __init__(self, engine: RolloutEngine | RayRolloutRunner, *, weights: Mapping[str, float] | None = None,
-                 concurrency: int = 8, retries: int = 2) -> None:
+    def __init__(self, engine: RolloutEngine | RayRolloutRunner, *, weights: Mapping[str, float] | None,
+                 rollout: RolloutSettings) -> None:
         if weights is not None:
             check_weights(weights)
         self.engine = engine
         self.weights = dict(weights) if weights is not None else None
-        self.concurrency = concurrency
-        self.retries = retries
+        self.rollout = rollout
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
         self._results: dict[str, _Scored] = {}
@@ -97,8 +97,9 @@ class TrajlabAdapter:
         episodes = [Episode(id=f"evolve:{key}:{task_id(task)}", task=dict(task)) for task in batch]
         todo = list({e.id: e for e in episodes if e.id not in self._results}.values())
         if todo:
-            asyncio.run(self._engine(candidate).run(todo, concurrency=self.concurrency, on_result=self._keep,
-                                                        retries=self.retries))
+            asyncio.run(self._engine(candidate).run(todo, concurrency=self.rollout.concurrency, on_result=self._keep,
+                                                        retries=self.rollout.retries,
+                                                        retry_backoff_s=self.rollout.retry_backoff_s))
         scored = [self._results[episode.id] for episode in episodes]
         return EvaluationBatch(outputs=[s.output for s in scored], scores=[s.score for s in scored],
                                trajectories=[s.trace for s in scored] if capture_traces else None)
@@ -130,7 +131,7 @@ class TrajlabAdapter:
         trajectory.metrics.update({f"reward/{name}": value for name, value in components.items()})
         if trajectory.status == "error":
             return 0.0
-        return score(trajectory, self.weights) if self.weights is not None else trajectory.reward
+        return weighted_reward(trajectory, self.weights) if self.weights is not None else trajectory.reward
 
     def make_reflective_dataset(
         self, candidate: dict[str, str], eval_batch: EvaluationBatch, components_to_update: list[str]

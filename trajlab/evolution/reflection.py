@@ -12,21 +12,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trajlab.config import EvolveSettings, ModelSettings
 from trajlab.inference.base import is_server_url
 
 ReflectionLM = Callable[[str], str]
 
 
-def load_reflection_lm(spec: str, *, max_new_tokens: int = 1024, temperature: float = 0.7, device: str = "auto",
-                       dtype: str = "auto") -> ReflectionLM:
-    """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM; a server's model is checked up front.
-    A model directory is loaded on ``device`` in ``dtype`` (``model.device`` / ``model.dtype``)."""
+def load_reflection_lm(spec: str, *, settings: EvolveSettings, model: ModelSettings) -> ReflectionLM:
+    """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM writing at most
+    ``settings.reflection_max_new_tokens`` tokens at ``settings.reflection_temperature``; a server's model is checked
+    up front, a model directory is loaded where ``model`` says (``model.device`` / ``model.dtype``)."""
+    length, temperature = settings.reflection_max_new_tokens, settings.reflection_temperature
     if is_server_url(spec):
-        return ServerReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature)
+        return ServerReflection(spec, max_new_tokens=length, temperature=temperature)
     if not Path(spec).is_dir():
         raise ValueError(f"--reflection must be a model directory or a server URL (http://host:port/v1[#model]); "
                          f"{spec!r} is neither.")
-    return LocalReflection(spec, max_new_tokens=max_new_tokens, temperature=temperature, device=device, dtype=dtype)
+    return LocalReflection(spec, max_new_tokens=length, temperature=temperature, device=model.device,
+                           dtype=model.dtype)
 
 
 class LocalReflection:
@@ -37,14 +40,14 @@ class LocalReflection:
         max_new_tokens: the reply's length limit.
         temperature: sampling temperature (0 = greedy).
         max_prompt_tokens: longer prompts keep their last tokens (the reflective dataset is the long part).
-        device, dtype: where the model is loaded, in what dtype (see :func:`trajlab.models.load_model`).
+        device, dtype: where the model is loaded, in what dtype (see :func:`trajlab.models.loading.load_model`).
     """
 
-    def __init__(self, model_dir: str | Path, *, max_new_tokens: int = 1024, temperature: float = 0.7,
-                 max_prompt_tokens: int = 8192, device: str = "auto", dtype: str = "auto") -> None:
+    def __init__(self, model_dir: str | Path, *, max_new_tokens: int, temperature: float, device: str, dtype: str,
+                 max_prompt_tokens: int = 8192) -> None:
         from trajlab.chat.template import ChatTemplate, resolve_chat_template, stop_token_ids
         from trajlab.inference.hf import HFGenerator
-        from trajlab.models import load_model, load_tokenizer
+        from trajlab.models.loading import load_model, load_tokenizer
 
         self.tokenizer = load_tokenizer(model_dir)
         self.chat = ChatTemplate(self.tokenizer, [], resolve_chat_template(self.tokenizer))
@@ -66,8 +69,7 @@ class LocalReflection:
 class ServerReflection:
     """An OpenAI-compatible server's chat completions as the reflection LM (``URL#model`` picks the model)."""
 
-    def __init__(self, url: str, *, max_new_tokens: int = 1024, temperature: float = 0.7,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, *, max_new_tokens: int, temperature: float, timeout_s: float = 600.0) -> None:
         import openai
 
         from trajlab.inference.openai_server import api_key_or_placeholder, served_model, split_policy_url

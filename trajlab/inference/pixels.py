@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trajlab.models import forward_inputs, unwrapped_model
+from trajlab.models.loading import forward_inputs, unwrapped_model
 
 
 def image_inputs(model: Any, processor: Any, images: Sequence[Any], input_ids: torch.Tensor) -> dict[str, Any]:

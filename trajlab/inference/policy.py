@@ -49,7 +49,7 @@ def load_policy(
         tokenizer: the tokenizer (or its directory) trajectories are written in: optional for the oracle (default:
             the tiny offline model's), required for a server, a loaded model or a Generator.
         oracle: the env's reference policy, for ``"oracle"``.
-        device, dtype: where a model directory is loaded, in what dtype (see :func:`trajlab.models.load_model`);
+        device, dtype: where a model directory is loaded, in what dtype (see :func:`trajlab.models.loading.load_model`);
             other policies are already placed.
         backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
             engine); the oracle, a server, a loaded model and a Generator bring their own.
@@ -88,7 +88,7 @@ def load_policy(
 
 def _processor(path: str) -> Any:
     """A model directory's image processor, or None for a text model."""
-    from trajlab.models import load_processor
+    from trajlab.models.loading import load_processor
 
     return load_processor(path)
 
@@ -104,21 +104,21 @@ def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str
     if backend != "hf":
         raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
     from trajlab.inference.hf import HFGenerator
-    from trajlab.models import load_model
+    from trajlab.models.loading import load_model
 
     return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, name=path, processor=processor)
 
 
 def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    from trajlab.models import load_tokenizer
+    from trajlab.models.loading import load_tokenizer
 
     return tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else load_tokenizer(tokenizer)
 
 
 def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool) -> Policy:
     from trajlab.inference.scripted import ScriptedGenerator
-    from trajlab.models import ensure_default_model
-    from trajlab.vision import ensure_default_vision_model
+    from trajlab.models.tiny import ensure_default_model
+    from trajlab.models.tiny_vision import ensure_default_vision_model
 
     if oracle is None:
         raise UserError("this env has no reference policy ('oracle'): pass a model directory or a server URL.")

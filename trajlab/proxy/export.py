@@ -266,10 +266,10 @@ def to_trajectory(
         images=sample.images,
     )
     trajectory.attach_images(pngs)
-    return score(trajectory, reward) if reward is not None else trajectory
+    return apply_reward(trajectory, reward) if reward is not None else trajectory
 
 
-def score(trajectory: Trajectory, reward: RewardFn) -> Trajectory:
+def apply_reward(trajectory: Trajectory, reward: RewardFn) -> Trajectory:
     """Apply a reward function: reward and status from its result, ``metrics["scored"] = 1``."""
     result = reward(trajectory)
     value, success = (result[0], bool(result[1])) if isinstance(result, tuple) else (result, result > 0)

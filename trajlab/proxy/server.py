@@ -13,7 +13,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
-from trajlab.models import load_model, load_processor, load_tokenizer
+from trajlab.models.loading import load_model, load_processor, load_tokenizer
 from trajlab.proxy.app import ServeLimits, create_app
 from trajlab.proxy.recording import SessionRecorder
 from trajlab.proxy.upstream import UpstreamBackend, create_upstream_app
@@ -36,7 +36,7 @@ class ServeConfig:
     """The hf generator's memory for key/value states kept between a session's calls (least recently used dropped
     first): with the model's weights, what bounds the server's memory."""
     device: str = "auto"
-    """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.load_model`)."""
+    """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.loading.load_model`)."""
     dtype: str = "auto"
     backend: str = "hf"
     """What generates: hf (transformers on ``device``) or vllm (an in-process vLLM engine on its own platform)."""

@@ -18,20 +18,26 @@ from typing import Any
 
 import yaml
 
-from trajlab import api
+from trajlab.collection.demonstrators import named_reference
 from trajlab.config import PipelineConfig
 from trajlab.data.datasets import save_dataset, sft_dataset
-from trajlab.data.store import read_trajectories, task_ids
+from trajlab.data.store import read_trajectories, task_keys
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
-from trajlab.models import init_tiny_model, load_processor, load_tokenizer
-from trajlab.recipes.collect import named_reference
+from trajlab.models.loading import load_processor, load_tokenizer
+from trajlab.models.tiny import init_tiny_model
+from trajlab.recipes.arguments import Progress
+from trajlab.recipes.collect import collect
+from trajlab.recipes.evaluate import evaluate
+from trajlab.recipes.evolve import evolve
+from trajlab.recipes.rl import rl
+from trajlab.recipes.sft import sft, without_drift
 from trajlab.report import write_report
 from trajlab.rollout.types import Trajectory
 from trajlab.train.curriculum import build_stages
 
 Log = Callable[[str], None]
-ProgressFor = Callable[[str], AbstractContextManager[api.Progress | None]]
+ProgressFor = Callable[[str], AbstractContextManager[Progress | None]]
 """``progress(label)``: a context that yields the ``on_progress(done, total)`` of one long piece of work."""
 
 
@@ -59,7 +65,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
         started = time.perf_counter()
         if stage == "collect":
             with progress("collect") as on_progress:
-                demos = api.collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
+                demos = collect(env, "oracle", out=run / "demos.jsonl", tokenizer=str(base), seed=config.seed,
                                     rollout=config.rollout, on_progress=on_progress, **_placement(config),
                                     **config.collect.model_dump())
             rate = sum(t.status == "success" for t in demos) / len(demos)
@@ -75,7 +81,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
             config, label = config.model_copy(update={"rollout": rollout}), f"{label}+evolved"
         elif stage == "eval":
             with progress(f"eval ({label})") as on_progress:
-                reports.append(api.evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
+                reports.append(evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                             rollout=config.rollout, rewards=config.rl.rewards, label=label,
                                             **_placement(config), backend=config.model.backend,
                                             report_to=config.report_to, on_progress=on_progress,
@@ -123,7 +129,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     if done.get("max_metric_calls") == config.evolve.max_metric_calls:
         log(f"evolve: already done ({result})")
     else:
-        summary = api.evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
+        summary = evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
                              log=lambda message: log(f"evolve: {message}"), backend=config.model.backend,
                              **_placement(config),
                              report_to=config.report_to, **config.evolve.model_dump())
@@ -133,7 +139,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
 
 
 def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[Trajectory] | None,
-         on_progress: api.Progress | None) -> Path:
+         on_progress: Progress | None) -> Path:
     """SFT on the collect stage's demonstrations in their plan's order (the same data order every run), or, without
     a collect stage in this run, on ``demos.jsonl`` in its file order."""
     final = run / "sft" / "final"
@@ -146,14 +152,14 @@ def _sft(config: PipelineConfig, model: Path, run: Path, log: Log, demos: list[T
         statuses = sorted({f"{t.status} ({t.stop_reason})" for t in demos})
         raise ValueError(f"No successful demonstration in {run / 'demos.jsonl'} to fine-tune on (episodes ended: "
                          f"{', '.join(statuses)}); raise rollout.max_new_tokens or rollout.max_turns if truncated.")
-    checked = api.without_drift(demos, load_tokenizer(model), parser=config.rollout.parser,
+    checked = without_drift(demos, load_tokenizer(model), parser=config.rollout.parser,
                                 max_drift=config.sft.max_drift, processor=load_processor(model))
     dataset = sft_dataset(checked, include_failures=config.dataset.include_failures,
                           shortest_per_task=config.dataset.shortest_per_task, max_tokens=config.dataset.max_tokens)
     save_dataset(dataset, run / "sft_dataset")
     log(f"sft: {len(dataset)} rows ({len(demos) - len(checked)} of {len(demos)} demonstrations dropped for token "
         "drift)")
-    return api.sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
+    return sft(model, dataset, run / "sft", seed=config.seed, resume=True, **_placement(config),
                    report_to=config.report_to, on_progress=on_progress, **config.sft.model_dump())
 
 
@@ -175,9 +181,9 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
     # the demonstrations were drawn in the same seeded order as RL's tasks: without this RL would start on exactly
     # the tasks SFT was fitted to. The failed ones' tasks are left out too: drawn first, they would be a sample
     # biased to the demonstrator's mistakes (BENCHMARKS.md: RL on them overshot more)
-    demonstrated = task_ids(run / "demos.jsonl") if (run / "demos.jsonl").is_file() else frozenset()
+    demonstrated = task_keys(run / "demos.jsonl") if (run / "demos.jsonl").is_file() else frozenset()
     if demonstrated:
         log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
-    return api.rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
+    return rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
                   backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
                   skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())

@@ -202,7 +202,7 @@ def _data_uri(trajectory: Trajectory, image_id: str) -> str:
 
 def _decoder(candidates: list[Path]) -> Any:
     """A function from a token id to its text, from the first candidate directory that holds a tokenizer."""
-    from trajlab.models import load_tokenizer
+    from trajlab.models.loading import load_tokenizer
 
     for directory in candidates:
         if (directory / "tokenizer_config.json").exists():

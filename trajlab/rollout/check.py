@@ -63,8 +63,8 @@ def check_env(
             splits.
         tasks_per_split: how many tasks of each split to check when ``tasks`` is not given.
         tokenizer: whose tokens the reference policy's episodes are written in (a directory or a tokenizer);
-            default: the tiny offline model's (built on first use, see ``trajlab.models.ensure_default_model``), or
-            for an env whose tools return images the tiny vision-language model's (``trajlab.vision``).
+            default: the tiny offline model's (built on first use, see ``trajlab.models.tiny.ensure_default_model``), or
+            for an env whose tools return images the tiny vision-language model's (``trajlab.models.tiny_vision``).
 
     Returns:
         A small report of what was checked.

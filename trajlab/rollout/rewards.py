@@ -50,7 +50,7 @@ def check_weights(weights: Mapping[str, float]) -> None:
         raise ValueError(f"Unknown reward component(s) {unknown}; known: {sorted(REWARDS)}.")
 
 
-def score(trajectory: Trajectory, weights: Mapping[str, float]) -> float:
+def weighted_reward(trajectory: Trajectory, weights: Mapping[str, float]) -> float:
     """The weighted reward; every component (weighted or not) is also stored as ``metrics['reward/<name>']``."""
     check_weights(weights)
     total = 0.0

@@ -30,6 +30,15 @@ def task_id(task: dict[str, Any]) -> str:
     return "task-" + _content_digest(task)[:12]
 
 
+TaskKey = tuple[str, str]
+"""A task across envs: ``(env, task_id)``."""
+
+
+def task_key(env: str, task: dict[str, Any]) -> TaskKey:
+    """The key of ``task`` run in env ``env``: two envs of a mixture may both have a task ``"0"``."""
+    return env, task_id(task)
+
+
 def task_hash(task: dict[str, Any]) -> str:
     """Eight hex digits of the task's whole content (JSON with sorted keys): a task edited under the same
     ``task_id`` gets another hash, so a collection's episode id (which carries it) makes it a new episode."""

@@ -16,6 +16,9 @@ from typing import Literal
 
 import torch
 
+from trajlab.config import RLSettings
+from trajlab.rollout.types import Trajectory
+
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
 EPS = 1e-4
 
@@ -88,3 +91,51 @@ def spread_over_turns(loss_mask: Sequence[int], per_turn: Sequence[float]) -> li
         out.append(per_turn[min(turn, len(per_turn) - 1)] if bit else 0.0)
         previous = bit
     return out
+
+
+def step_advantages(
+    trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
+) -> tuple[list[list[float]], dict[str, float]]:
+    """Token advantages per trajectory, and the step's group statistics.
+
+    Rollouts are compared within their ``Trajectory.group``, over the group's valid rollouts only: one that ended
+    with status ``error`` (the machinery failed, not the policy) has no reward to compare, gets no advantage and
+    counts in no group's statistics; a group left with fewer than two valid rollouts has nothing to compare and is
+    skipped. Statistics: the share of groups whose rewards were all equal (no signal), groups computed over fewer
+    rollouts than were run, groups skipped.
+
+    Raises:
+        ValueError: a trajectory has no group.
+    """
+    groups: dict[str, list[int]] = {}
+    for index, trajectory in enumerate(trajectories):
+        if trajectory.group is None:
+            raise ValueError(f"trajectory {trajectory.id!r} has no group: RL compares rollouts within a group")
+        groups.setdefault(trajectory.group, [])
+        if trajectory.status != "error":
+            groups[trajectory.group].append(index)
+    out: list[list[float]] = [[0.0] * (len(t.tokens.loss_mask) if t.tokens else 0) for t in trajectories]
+    flat = short = skipped = 0
+    dense_weight = settings.rewards.get("progress", 0.0)
+    for members in groups.values():
+        short += len(members) < settings.group_size
+        if len(members) < 2:
+            skipped += 1
+            continue
+        group_rewards = torch.tensor([rewards[i] for i in members])
+        flat += bool(torch.all(group_rewards == group_rewards[0]))
+        masks = [trajectories[i].tokens.loss_mask if trajectories[i].tokens else [] for i in members]
+        if settings.credit == "trajectory":
+            values = group_advantages(group_rewards, settings.estimator).tolist()
+            for i, mask, value in zip(members, masks, values, strict=True):
+                out[i] = [value * bit for bit in mask]
+            continue
+        per_turn = [
+            turn_rewards_with_terminal(trajectories[i].turn_rewards or [], rewards[i], dense_weight) for i in members
+        ]
+        for i, mask, turn_values in zip(members, masks, group_turn_advantages(per_turn, settings.estimator),
+                                        strict=True):
+            out[i] = spread_over_turns(mask, turn_values)
+    compared = len(groups) - skipped
+    return out, {"zero_variance_groups": flat / max(1, compared), "groups_short": float(short),
+                 "groups_skipped": float(skipped)}

@@ -29,7 +29,7 @@ from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
 from trajlab.rollout.engine import Episode, EpisodeRunner
-from trajlab.rollout.types import Trajectory, task_id
+from trajlab.rollout.types import TaskKey, Trajectory, task_id, task_key
 
 FILTER_PROBE = 1000
 """How many of a split's tasks a stage's ``task_filter`` must match one of: a filter that matches nothing is a
@@ -54,6 +54,11 @@ class Stage:
     def tasks(self, split: str, seed: int) -> Iterator[dict[str, Any]]:
         """The env's tasks of ``split`` that pass the filter."""
         return (task for task in self.env.iter_tasks(split, seed) if matches(task, self.task_filter))
+
+    def key(self, task: dict[str, Any]) -> TaskKey:
+        """A task of this stage's env (in a mixture, the env its ``env`` column names) as ``(env, task_id)``."""
+        env = self.env.spec_for(task) if isinstance(self.env, EnvMixture) else self.env
+        return task_key(env.name, task)
 
     @property
     def heldout_split(self) -> str:
@@ -116,12 +121,12 @@ class Curriculum:
         stages: in order; all but the last have a promote rule.
         seed: the train tasks' order.
         staged: a configured curriculum (its stage is logged and checkpointed), not a plain run's single stage.
-        skip: ids (``task_id``) of train tasks no stage draws, such as those SFT's demonstrations came from; a stage
-            with no other task draws all of its own (with a warning).
+        skip: ``(env, task_id)`` keys of train tasks no stage draws, such as those SFT's demonstrations came from; a
+            stage with no other task draws all of its own (with a warning).
     """
 
-    def __init__(self, stages: Sequence[Stage], *, seed: int = 0, staged: bool = True,
-                 skip: Collection[str] = frozenset()) -> None:
+    def __init__(self, stages: Sequence[Stage], *, seed: int, staged: bool = True,
+                 skip: Collection[TaskKey] = frozenset()) -> None:
         self.stages = list(stages)
         self.seed = seed
         self.staged = staged
@@ -134,8 +139,8 @@ class Curriculum:
         self._lock = threading.Lock()
 
     @classmethod
-    def single(cls, env: EnvSpec | EnvMixture, limits: dict[str, int | float], *, seed: int = 0,
-               skip: Collection[str] = frozenset()) -> Curriculum:
+    def single(cls, env: EnvSpec | EnvMixture, limits: dict[str, int | float], *, seed: int,
+               skip: Collection[TaskKey] = frozenset()) -> Curriculum:
         """A plain run: the env's train tasks (but ``skip``), cycled, for the whole run."""
         return cls([Stage(env.name, env, limits)], seed=seed, staged=False, skip=skip)
 
@@ -154,7 +159,7 @@ class Curriculum:
         """The stage's train tasks but the skipped ones; all of them when every one is skipped."""
         if not self.skip:
             return stage.tasks("train", self.seed)
-        fresh = (task for task in stage.tasks("train", self.seed) if task_id(task) not in self.skip)
+        fresh = (task for task in stage.tasks("train", self.seed) if stage.key(task) not in self.skip)
         first = next(fresh, None)
         if first is None:
             logger.warning("curriculum stage '%s': every train task is among the %d skipped (SFT's demonstrations): "

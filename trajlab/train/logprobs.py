@@ -1,4 +1,5 @@
-"""Chosen-token log-probabilities and entropies without a (batch, length, vocab) tensor.
+"""Chosen-token log-probabilities and entropies without a (batch, length, vocab) tensor, and the forward pass that
+gives them for a batch of rollouts (:func:`token_logprobs`).
 
 With a real vocabulary (Qwen3: 151,936 tokens) the float32 log-softmax of one 8k-token sequence is 5 GB, and autograd
 would keep it for the backward pass. Here the output head runs on a bounded slice of positions at a time: a slice's
@@ -9,10 +10,14 @@ length (hidden states, one number per position), never with length x vocabulary.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
+
+from trajlab.inference.pixels import image_inputs
 
 CHUNK_TOKENS = 128
 """Positions (over the whole batch) whose logits exist at once: 128 x 151,936 x 4 bytes = 78 MB in float32, a few
@@ -63,3 +68,68 @@ def _slice(head: Head, hidden: torch.Tensor, targets: torch.Tensor, temperature:
         probs = (logits - norm.unsqueeze(-1)).exp_()
         entropy = norm - probs.mul_(logits).sum(-1)
     return chosen, entropy
+
+
+MIN_SHARED_HEAD = 16
+"""Rows sharing fewer leading tokens than this are run in full: one extra forward pass would cost more."""
+
+
+def token_logprobs(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float,
+    images: Sequence[Any] = (), processor: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities (B, T - start) of the tokens from ``start`` on at the sampling temperature, and the entropy
+    of each position's distribution.
+
+    The model returns final hidden states, and the output head turns them into log-probabilities a slice at a time
+    (:func:`chosen_logprobs`): logits over the full vocabulary never exist for the whole batch. Only positions from
+    ``start`` on are read: the prompt needs none. The head all rows share (system prompt, tool schemas: often half
+    of every sequence) is run once and its key/value states broadcast to every row; gradients flow back through the
+    broadcast, so the result equals running each row in full. ``images`` (those whose placeholders the rows hold, in
+    order) reach the model as they reached the sampler; rows with images are run in full.
+    """
+    checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    # checkpointed layers keep no key/value states; image inputs go with the whole sequence
+    head = 0 if checkpointing or images else shared_head(input_ids, start)
+    last = {"logits_to_keep": 1, "output_hidden_states": True}  # one position of logits: the head is applied below
+    if not head:
+        pixels = image_inputs(unwrap(model), processor, images, input_ids)
+        hidden = model(input_ids=input_ids, attention_mask=attention, use_cache=False, **last, **pixels
+                       ).hidden_states[-1]
+    else:
+        rows, width = input_ids.shape
+        states = model(input_ids=input_ids[:1, :head], use_cache=True, logits_to_keep=1).past_key_values
+        broadcast = [(layer.keys.expand(rows, -1, -1, -1), layer.values.expand(rows, -1, -1, -1))
+                     for layer in states.layers]
+        positions = torch.arange(head, width, device=input_ids.device).expand(rows, -1)
+        hidden = model(input_ids=input_ids[:, head:], attention_mask=attention, position_ids=positions,
+                       past_key_values=DynamicCache(ddp_cache_data=broadcast, config=model.config), **last
+                       ).hidden_states[-1]
+    hidden = hidden[:, start - 1 - head : input_ids.shape[1] - 1 - head]  # (B, L, H): position t predicts t + 1
+    return chosen_logprobs(hidden, output_head(model), input_ids[:, start:], temperature)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a DistributedDataParallel wrapper holds (itself otherwise)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def output_head(model: torch.nn.Module) -> Head:
+    """The model's hidden-states-to-logits layer, with the logit soft-capping some families (Gemma 2) apply."""
+    inner = unwrap(model)
+    linear = inner.get_output_embeddings()
+    cap = getattr(inner.config.get_text_config(), "final_logit_softcapping", None)
+    if not cap:
+        return linear
+    return lambda hidden: torch.tanh(linear(hidden) / cap) * cap
+
+
+def shared_head(input_ids: torch.Tensor, start: int) -> int:
+    """How many leading tokens every row shares, up to the first position whose logits are needed (0: not worth
+    sharing, or several processes: DDP, FSDP and DeepSpeed expect one forward pass per backward pass)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if input_ids.shape[0] < 2 or (distributed and torch.distributed.get_world_size() > 1):
+        return 0
+    differs = (input_ids[:, : start - 1] != input_ids[:1, : start - 1]).any(0).nonzero()
+    head = int(differs[0]) if len(differs) else start - 1
+    return head if head >= MIN_SHARED_HEAD else 0

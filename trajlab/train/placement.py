@@ -12,14 +12,14 @@ import os
 import torch
 
 from trajlab.errors import UserError
-from trajlab.models import resolve_device
+from trajlab.models.devices import resolve_device
 
 
 def training_device(name: str | torch.device) -> torch.device:
     """The device ``name`` resolves to, made the one accelerate trains on.
 
     Raises:
-        UserError: see :func:`trajlab.models.resolve_device`; or ``cuda:N`` under a launch of several processes.
+        UserError: see :func:`trajlab.models.devices.resolve_device`; or ``cuda:N`` under a launch of several processes.
     """
     device = resolve_device(name)
     if device.type == "cuda" and device.index is not None:

@@ -1,4 +1,5 @@
-"""SFT on trajectories with TRL's SFTTrainer, loss on the model's own tokens only.
+"""SFT on trajectories with TRL's SFTTrainer, loss on the model's own tokens only; the recipe
+(:mod:`trajlab.recipes.sft`) loads the model and shapes the dataset, :func:`train_sft` trains it.
 
 The dataset carries the trajectory's exact tokens (``input_ids``) and its loss mask (``assistant_masks``); TRL turns
 the mask into labels (-100 elsewhere), so system, user and tool tokens never carry loss, whatever the chat template.
@@ -12,7 +13,6 @@ placeholders, so SFT on a vision-language model is token- and pixel-exact.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -28,11 +28,10 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from trajlab.config import SFTSettings
 from trajlab.inference.pixels import image_inputs
-from trajlab.models import load_model
 from trajlab.rollout.images import decode_png
 from trajlab.tracking import Trackers
+from trajlab.train.checkpoints import MetricsLog, save_final
 from trajlab.train.lora import lora_config
-from trajlab.train.placement import check_trainable, training_device
 
 logger = logging.getLogger(__name__)
 # transformers 5.23 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing (the old name is a
@@ -58,29 +57,18 @@ def named(logs: Mapping[str, Any]) -> dict[str, float]:
 
 
 class SFTMetrics(TrainerCallback):
-    """Every log of the SFT trainer, under the names of :data:`SFT_METRIC_NAMES`, to ``out_dir/metrics.jsonl`` and
-    the trackers.
+    """Every log of the SFT trainer, under the names of :data:`SFT_METRIC_NAMES`, to ``metrics.jsonl`` (a
+    :class:`MetricsLog`: resuming from ``checkpoint-N`` first drops its rows after step N) and the trackers."""
 
-    Resuming from ``checkpoint-N`` first drops the file's rows after step N, which the resumed run logs again.
-    """
-
-    def __init__(self, out_dir: str | Path, trackers: Trackers, resumed_at: int | None = None) -> None:
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.trackers = trackers
-        if self.path.exists() and resumed_at is not None:
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= resumed_at]
-            self.path.write_text("".join(f"{line}\n" for line in kept))
-        elif self.path.exists():
-            self.path.unlink()
+    def __init__(self, metrics: MetricsLog, trackers: Trackers) -> None:
+        self.metrics, self.trackers = metrics, trackers
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None,
                **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step} | named(logs)
-        with self.path.open("a") as file:
-            file.write(json.dumps(record) + "\n")
+        self.metrics.write(record)
         self.trackers.log(record, step=state.global_step)
 
 
@@ -143,74 +131,40 @@ def training_columns(dataset: Dataset) -> Dataset:
     return conversational(dataset).select_columns(["messages", "tools"])
 
 
-def run_sft(
-    model_dir: str | Path | PreTrainedModel,
+def train_sft(
+    model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     dataset: Dataset,
-    out_dir: str | Path,
+    out_dir: Path,
     settings: SFTSettings,
     *,
-    seed: int = 0,
-    resume: bool = False,
-    device: str = "auto",
-    dtype: str = "auto",
-    report_to: Sequence[str] = (),
-    on_progress: Callable[[int, int], None] | None = None,
-    processor: Any = None,
+    seed: int,
+    resume: bool,
+    device: torch.device,
+    report_to: Sequence[str],
+    on_progress: Callable[[int, int], None] | None,
+    processor: Any,
 ) -> Path:
-    """Fine-tune ``model_dir`` (a directory or a loaded model) on ``dataset``; returns ``out_dir/final`` (a plain
-    model directory, LoRA merged, with the tokenizer and, for a vision-language model, ``processor``).
+    """Fine-tune ``model`` (loaded on ``device``, where training runs) on ``dataset``; returns ``out_dir/final`` (a
+    plain model directory, LoRA merged, with the tokenizer and, for a vision-language model, ``processor``).
 
-    Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. ``device``
-    and ``dtype`` are ``model.device`` / ``model.dtype`` (a directory is loaded in that dtype; on a GPU with
-    bfloat16 the trainer computes in bfloat16 autocast). Every log (``SFT_METRIC_NAMES``) goes to
+    Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. On a GPU
+    with bfloat16 the trainer computes in bfloat16 autocast. Every log (``SFT_METRIC_NAMES``) goes to
     ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`). ``on_progress(step,
     max_steps)`` replaces the trainer's progress bar and printed logs (:class:`StepProgress`). ``processor``
-    (:func:`trajlab.models.load_processor`) is required when ``dataset`` has images (:class:`ImageCollator`).
+    (:func:`trajlab.models.loading.load_processor`) is required when ``dataset`` has images (:class:`ImageCollator`).
     """
-    out_dir = Path(out_dir)
     if len(dataset) == 0:
         raise ValueError("The SFT dataset is empty: collect successful demonstrations first.")
     images = "images" in dataset.column_names
     if images and processor is None:
         raise ValueError("The SFT dataset has images: pass the vision-language model's processor "
-                         "(trajlab.models.load_processor).")
-    where = training_device(device)
-    conversational_rows = "input_ids" not in dataset.column_names
-    args = SFTConfig(
-        output_dir=str(out_dir),
-        num_train_epochs=settings.epochs,
-        max_steps=settings.max_steps,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.gradient_accumulation_steps,
-        warmup_steps=settings.warmup_steps,
-        lr_scheduler_type=settings.lr_scheduler,
-        weight_decay=settings.weight_decay,
-        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
-        logging_steps=settings.logging_steps,
-        save_steps=settings.save_steps,
-        save_total_limit=2,
-        report_to="none",  # SFTMetrics sends the logs to metrics.jsonl and the trackers, under trajlab's names
-        seed=seed,
-        max_length=None,
-        assistant_only_loss=conversational_rows,
-        dataloader_num_workers=0,
-        # An image dataset makes TRL keep only its own vision columns, input_ids and assistant_masks not among them;
-        # training_columns already chose the columns.
-        remove_unused_columns=not images,
-        dataloader_pin_memory=not images,  # ImageCollator's image inputs are on the model's device already
-        disable_tqdm=on_progress is not None,
-        # TRL defaults to bf16 autocast, which CPUs here cannot train in: use it only where a GPU supports it.
-        use_cpu=where.type == "cpu",
-        bf16=where.type == "cuda" and torch.cuda.is_bf16_supported(),
-    )
-    model = load_model(model_dir, device=where, dtype=dtype) if isinstance(model_dir, str | Path) else model_dir
-    check_trainable(model)
+                         "(trajlab.models.loading.load_processor).")
     model.train()
     trainer = SFTTrainer(
         model=model,
-        args=args,
+        args=_trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
+                                conversational="input_ids" not in dataset.column_names, bar=on_progress is None),
         data_collator=ImageCollator(model, processor, tokenizer.pad_token_id) if images else None,
         train_dataset=training_columns(dataset),
         # A processor tells TRL the model is a VLM (unused vision weights under DDP) and goes into each checkpoint.
@@ -228,16 +182,40 @@ def run_sft(
                   config={"sft": settings.model_dump(mode="json"), "seed": seed}) as trackers:
         if main:
             resumed_at = int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else None
-            trainer.add_callback(SFTMetrics(out_dir, trackers, resumed_at))
+            trainer.add_callback(SFTMetrics(MetricsLog(out_dir / "metrics.jsonl", resumed_at), trackers))
         trainer.train(resume_from_checkpoint=checkpoint)
-    trained = trainer.model
-    if settings.lora:
-        trained = trained.merge_and_unload()
-    final = out_dir / "final"
-    if main:  # under accelerate launch, one process writes
-        trained.save_pretrained(final)
-        if processor is not None:  # so that final loads as a vision-language model again
-            processor.save_pretrained(final)
-        tokenizer.save_pretrained(final)  # last: the tokenizer's files are those it trained with
-    trainer.accelerator.wait_for_everyone()
-    return final
+    return save_final(trainer.model, tokenizer, processor, out_dir / "final", lora=bool(settings.lora),
+                      accelerator=trainer.accelerator)
+
+
+def _trainer_arguments(out_dir: Path, settings: SFTSettings, *, seed: int, device: torch.device, images: bool,
+                       conversational: bool, bar: bool) -> SFTConfig:
+    """TRL's arguments for the settings: checkpoints in ``out_dir``, logs to trajlab's callbacks only."""
+    return SFTConfig(
+        output_dir=str(out_dir),
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        warmup_steps=settings.warmup_steps,
+        lr_scheduler_type=settings.lr_scheduler,
+        weight_decay=settings.weight_decay,
+        **{CHECKPOINTING_ARGUMENT: settings.gradient_checkpointing},
+        logging_steps=settings.logging_steps,
+        save_steps=settings.save_steps,
+        save_total_limit=2,
+        report_to="none",  # SFTMetrics sends the logs to metrics.jsonl and the trackers, under trajlab's names
+        seed=seed,
+        max_length=None,
+        assistant_only_loss=conversational,
+        dataloader_num_workers=0,
+        # An image dataset makes TRL keep only its own vision columns, input_ids and assistant_masks not among them;
+        # training_columns already chose the columns.
+        remove_unused_columns=not images,
+        dataloader_pin_memory=not images,  # ImageCollator's image inputs are on the model's device already
+        disable_tqdm=not bar,
+        # TRL defaults to bf16 autocast, which CPUs here cannot train in: use it only where a GPU supports it.
+        use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda" and torch.cuda.is_bf16_supported(),
+    )

@@ -1,4 +1,5 @@
-"""The evolve recipe: ``gepa.optimize`` over a trajlab adapter, then a result folder anyone can read.
+"""The search: ``gepa.optimize`` over a trajlab adapter and a reflection LM, resumable, then a result folder anyone
+can read (the evolve recipe, :mod:`trajlab.recipes.evolve`, builds what it searches with).
 
 ``OUT/gepa/`` is the run directory: GEPA's state (saved after every iteration), ``rollouts.jsonl`` (every episode,
 written as it finishes) and ``gepa.log``. Running the same command again resumes: GEPA reloads its state and every
@@ -10,7 +11,6 @@ with its validation scores and parents) and ``summary.json``.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections.abc import Callable
@@ -22,11 +22,9 @@ from gepa.core.data_loader import DataLoader
 from gepa.strategies.eval_policy import FullEvaluationPolicy
 
 from trajlab.config import EvolveSettings
-from trajlab.env.registry import EnvSpec
 from trajlab.evolution.adapter import TrajlabAdapter
-from trajlab.evolution.candidate import SYSTEM_PROMPT, reflection_templates, seed_candidate
-from trajlab.evolution.reflection import ReflectionLM, load_reflection_lm
-from trajlab.recipes.collect import CollectConfig, build_engine
+from trajlab.evolution.candidate import SYSTEM_PROMPT, reflection_templates
+from trajlab.evolution.reflection import ReflectionLM
 from trajlab.rollout.types import task_id
 
 STATE_FILE = "gepa_state.bin"
@@ -62,46 +60,6 @@ class _Log:
             self.echo(message)
 
 
-def evolve(
-    policy: CollectConfig, settings: EvolveSettings, out: str | Path, *, seed: int = 0,
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """``trajlab evolve`` and the ``evolve`` stage: GEPA with ``policy``'s model, env, prompts and limits.
-
-    The seed candidate is what the policy would be shown now (``policy.system_prompt``, else the env's, and the
-    env's current tool descriptions). Train and validation tasks are the first ``train_tasks + val_tasks`` of the
-    train split, so the test split stays held out for ``trajlab eval``.
-    """
-    spec = policy.env
-    if not isinstance(spec, EnvSpec):
-        raise ValueError("trajlab evolve runs one env; pass a single env.")
-    rows = list(itertools.islice(spec.iter_tasks("train", seed), settings.train_tasks + settings.val_tasks))
-    if len(rows) < settings.train_tasks + settings.val_tasks:
-        raise ValueError(f"'{spec.name}' has {len(rows)} train tasks; train_tasks + val_tasks asks for "
-                         f"{settings.train_tasks + settings.val_tasks}.")
-    reflection = settings.reflection or _own_model(policy)
-    system_prompt = policy.system_prompt if policy.system_prompt is not None else spec.system_prompt or ""
-    tools = [tool["function"]["name"] for tool in spec.tools] if settings.tools == "all" else settings.tools
-    candidate = seed_candidate(spec, system_prompt, tools)
-    with build_engine(policy) as engine:  # the policy is checked before the reflection model
-        reflection_lm = load_reflection_lm(reflection, max_new_tokens=settings.reflection_max_new_tokens,
-                                           temperature=settings.reflection_temperature, device=policy.device,
-                                           dtype=policy.dtype)
-        adapter = TrajlabAdapter(engine, weights=settings.rewards, concurrency=policy.concurrency,
-                                  retries=policy.retries)
-        return run_evolve(adapter, reflection_lm, rows[:settings.train_tasks], rows[settings.train_tasks:],
-                          seed_candidate=candidate, out=out, max_metric_calls=settings.max_metric_calls,
-                          reflection_minibatch_size=settings.minibatch_size, use_merge=settings.use_merge, seed=seed,
-                          log=log)
-
-
-def _own_model(policy: CollectConfig) -> str:
-    if policy.policy == "oracle":
-        raise ValueError("The oracle cannot reflect: give a reflection LM (--reflection or evolve.reflection: a "
-                         "model directory or http://host:port/v1#model).")
-    return policy.policy
-
-
 def run_evolve(
     adapter: TrajlabAdapter,
     reflection_lm: ReflectionLM,
@@ -110,16 +68,15 @@ def run_evolve(
     *,
     seed_candidate: dict[str, str],
     out: str | Path,
-    max_metric_calls: int,
-    reflection_minibatch_size: int = 3,
-    use_merge: bool = False,
-    seed: int = 0,
+    settings: EvolveSettings,
+    seed: int,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evolve the candidate's texts; returns the summary also written to ``OUT/result/summary.json``.
 
     Every episode GEPA asks for is one metric call; GEPA stops at the first iteration boundary past
-    ``max_metric_calls``. Episodes reused from earlier (the same candidate on the same task) are metric calls
+    ``settings.max_metric_calls`` (reflection minibatches of ``settings.minibatch_size`` tasks, merges with
+    ``settings.use_merge``). Episodes reused from earlier (the same candidate on the same task) are metric calls
     but not new rollouts: ``summary["rollouts"]`` counts the episodes actually run, over all resumes.
     """
     out = Path(out)
@@ -139,9 +96,9 @@ def run_evolve(
             reflection_lm=reflection_lm,
             reflection_prompt_template=reflection_templates(seed_candidate) or None,
             candidate_selection_strategy="pareto",
-            reflection_minibatch_size=reflection_minibatch_size,
-            use_merge=use_merge,
-            max_metric_calls=max_metric_calls,
+            reflection_minibatch_size=settings.minibatch_size,
+            use_merge=settings.use_merge,
+            max_metric_calls=settings.max_metric_calls,
             run_dir=os.fspath(run_dir),
             logger=_Log(run_dir / LOG_FILE, log),
             val_evaluation_policy=policy,
@@ -149,8 +106,8 @@ def run_evolve(
         )
         rollouts = len(store.ids)
     return write_result(result, out / "result", val_tasks=[task_id(t) for t in valset],
-                        max_metric_calls=max_metric_calls, rollouts={"total": rollouts, "this_run": rollouts - earlier},
-                        resumed=policy.resuming)
+                        max_metric_calls=settings.max_metric_calls,
+                        rollouts={"total": rollouts, "this_run": rollouts - earlier}, resumed=policy.resuming)
 
 
 def rollouts_path(out: str | Path) -> Path:

@@ -21,18 +21,17 @@ import os
 import shutil
 import stat
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trajlab.chat.parsers import get_parser
+from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
-from trajlab.inference.base import SamplingParams
-from trajlab.rollout.engine import Episode, EpisodeRunner, make_engine
+from trajlab.rollout.engine import Episode, EpisodeRunner
 from trajlab.rollout.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -44,39 +43,34 @@ bytes: a longer run directory gets a short temp dir elsewhere, linked from the r
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What a worker builds its engine from: plain, picklable settings (no loaded model, tokenizer or generator)."""
+    """What a worker builds its engine from: picklable names and the validated settings (no loaded model, tokenizer
+    or generator)."""
 
     env: EnvSpec | EnvMixture
     policy: str
     """``oracle``, a model directory or a server URL (see ``trajlab.inference.policy.load_policy``)."""
-    tokenizer: str | None = None
-    backend: str = "hf"
-    device: str = "auto"
-    dtype: str = "auto"
-    parser: str = "auto"
-    sampling: SamplingParams = SamplingParams()
-    limits: dict[str, int | float] = field(default_factory=dict)
-    system_prompt: str | None = None
-    seed: int = 0
-    max_batch_size: int = 32
+    tokenizer: str | None
+    model: ModelSettings
+    """Where a model-directory policy is loaded and on which backend."""
+    rollout: RolloutSettings
+    """Parser, prompts, limits; ``concurrency`` is each worker's batch size and episodes at once."""
+    temperature: float
+    seed: int
 
 
 class RolloutWorker:
     """The body of one Ray actor: an in-process engine over the worker's own policy."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from trajlab.inference.policy import load_policy
+        from trajlab.collection.engines import load_rollout_policy, rollout_engine
 
-        policy = load_policy(spec.policy, tokenizer=spec.tokenizer, oracle=spec.env.oracle, device=spec.device,
-                             dtype=spec.dtype, backend=spec.backend, vision=spec.env.shows_images)
+        policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, tokenizer=spec.tokenizer,
+                                     demonstrator=None)
         self.generator = policy.generator
         if hasattr(self.generator, "max_batch_size"):
-            self.generator.max_batch_size = spec.max_batch_size
-        self.engine = make_engine(spec.env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                                  parser=get_parser(spec.parser, policy.tokenizer), sampling=spec.sampling,
-                                  limits=spec.limits, system_prompt=spec.system_prompt, seed=spec.seed,
-                                  processor=policy.processor)
-
+            self.generator.max_batch_size = spec.rollout.concurrency
+        self.engine = rollout_engine(spec.env, policy, rollout=spec.rollout, temperature=spec.temperature,
+                                     seed=spec.seed)
         self._base = self.engine
 
     async def run_episode(self, episode: Episode) -> Trajectory:
@@ -111,21 +105,16 @@ class RolloutWorker:
 
 
 class RayRolloutRunner(EpisodeRunner):
-    """Runs episodes on ``workers`` Ray actors; see the module doc.
+    """Runs episodes on ``spec.rollout.workers`` Ray actors; see the module doc.
 
-    Args:
-        spec: what each worker builds.
-        workers: how many actors.
-        address: ``local`` starts a Ray cluster in this process (its temp dir under ``run_dir``), ``auto`` joins
-            the one this machine runs (``ray start``), anything else is a cluster address.
-        run_dir: where a local cluster keeps its files (``run_dir/ray``).
-        worker_cpus: CPUs Ray reserves for each actor (a local cluster is started with enough for all of them).
-        worker_gpus: GPUs Ray reserves for each actor (Ray sets its ``CUDA_VISIBLE_DEVICES``).
-        concurrency: episodes each actor runs at once.
+    Where: ``spec.rollout.ray_address`` ``local`` starts a Ray cluster in this process (its temp dir under
+    ``run_dir``, ``run_dir/ray``), ``auto`` joins the one this machine runs (``ray start``), anything else is a
+    cluster address. Each actor gets ``worker_cpus`` CPUs and ``spec.rollout.worker_gpus`` GPUs (Ray sets its
+    ``CUDA_VISIBLE_DEVICES``) and runs ``spec.rollout.concurrency`` episodes at once.
     """
 
-    def __init__(self, spec: WorkerSpec, workers: int, *, address: str = "local", run_dir: str | Path | None = None,
-                 worker_cpus: float = 1.0, worker_gpus: float = 0.0, concurrency: int = 32) -> None:
+    def __init__(self, spec: WorkerSpec, *, run_dir: str | Path | None, worker_cpus: float = 1.0) -> None:
+        workers, worker_gpus = spec.rollout.workers, spec.rollout.worker_gpus
         if workers < 1:
             raise UserError(f"rollout.workers must be at least 1 to use Ray (got {workers}); 0 runs in-process.")
         self._ray = require("ray", feature="rollout.workers", install=INSTALL)
@@ -134,7 +123,7 @@ class RayRolloutRunner(EpisodeRunner):
         self._own_temp_dir: str | None = None  # made for a cluster with no run_dir; deleted with the cluster
         self._linked_temp_dir: tuple[str, Path] | None = None  # a short dir and its link in run_dir; moved there
         if not self._ray.is_initialized():
-            self._start_ray(address, run_dir, workers * worker_cpus)
+            self._start_ray(spec.rollout.ray_address, run_dir, workers * worker_cpus)
         free = self._ray.available_resources()
         for resource, each in (("CPU", worker_cpus), ("GPU", worker_gpus)):
             if each and free.get(resource, 0.0) < workers * each:  # Ray would wait forever to place them
@@ -144,7 +133,7 @@ class RayRolloutRunner(EpisodeRunner):
                                 f"{', or rollout.worker_gpus below 1 to share a GPU' if resource == 'GPU' else ''}, "
                                 "or a bigger cluster.")
         self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, num_gpus=worker_gpus,
-                                                              max_concurrency=concurrency + 4)
+                                                              max_concurrency=spec.rollout.concurrency + 4)
         self._weights: Any = None  # the latest weights' object ref, for workers started later
         self._presented: tuple[str, dict[str, str]] | None = None  # the latest present(), likewise
         self.workers = [self._actor.remote(spec) for _ in range(workers)]

@@ -28,13 +28,13 @@ from transformers import (
 )
 
 from trajlab.errors import require
-from trajlab.models import (
+from trajlab.models.offline_tokenizer import build_offline_tokenizer
+from trajlab.models.tiny import (
     TINY_ADDED_TOKENS,
     TINY_MODEL_CONFIG,
     TINY_RESPONSE_TEMPLATE,
     TINY_SPECIAL_TOKENS,
     TINY_VOCAB_SIZE,
-    build_offline_tokenizer,
     default_model_dir,
     prepare_model_dir,
 )

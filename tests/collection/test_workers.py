@@ -6,11 +6,14 @@ import asyncio
 import itertools
 import socket
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from trajlab.chat.parsers import get_parser
+from trajlab.collection.workers import RayRolloutRunner, WorkerSpec, _move_into_run
+from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.data.store import read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT
 from trajlab.errors import UserError
@@ -18,18 +21,18 @@ from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
 from trajlab.rollout.engine import Episode, make_engine
-from trajlab.rollout.workers import RayRolloutRunner, WorkerSpec, _move_into_run
 
-from .dying_env import ARITHMETIC, arm
+from ..rollout.dying_env import ARITHMETIC, arm
 
 pytest.importorskip("ray")
 SAMPLING = SamplingParams(temperature=1.0)
 LIMITS = {"max_turns": 2, "max_new_tokens": 24}
+ROLLOUT = RolloutSettings(**LIMITS, workers=2)
 
 
 @pytest.fixture(scope="module")
 def episodes():
-    tasks = list(itertools.islice(ARITHMETIC.iter_tasks("test"), 8))
+    tasks = list(itertools.islice(ARITHMETIC.iter_tasks("test", 0), 8))
     return [Episode(f"e{i}:{t['task_id']}", t, split="test") for i, t in enumerate(tasks)]
 
 
@@ -52,12 +55,12 @@ def marker(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tiny_model_dir, tmp_path_factory, marker):
-    spec = WorkerSpec(env=ARITHMETIC, policy=str(tiny_model_dir), device="cpu", sampling=SAMPLING, limits=LIMITS,
-                      seed=3)
+    spec = WorkerSpec(env=ARITHMETIC, policy=str(tiny_model_dir), tokenizer=None, model=ModelSettings(device="cpu"),
+                      rollout=ROLLOUT, temperature=SAMPLING.temperature, seed=3)
     run_dir = tmp_path_factory.mktemp("run")
     with pytest.MonkeyPatch.context() as monkeypatch:
         arm(monkeypatch, marker)  # before the cluster starts: its workers inherit the environment
-        runner = RayRolloutRunner(spec, workers=2, run_dir=run_dir)
+        runner = RayRolloutRunner(spec, run_dir=run_dir)
         yield runner
         runner.close()
     ray_dir = run_dir / "ray"
@@ -120,7 +123,7 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
     runs = {}
     try:
         for name, rollouts in (("local", engine), ("workers", runner)):
-            adapter = TrajlabAdapter(rollouts, concurrency=8, retries=0)
+            adapter = TrajlabAdapter(rollouts, weights=None, rollout=RolloutSettings(concurrency=8, retries=0))
             with adapter.recording(tmp_path / f"{name}.jsonl"):
                 scores = [adapter.evaluate(batch, candidate).scores for candidate in candidates]
             runs[name] = (scores, {t.id: t for t in read_trajectories(tmp_path / f"{name}.jsonl")})
@@ -141,7 +144,8 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
 
 def test_workers_asking_for_gpus_the_cluster_lacks_are_refused_at_once(runner):
     with pytest.raises(UserError, match=r"2 workers of 1 GPU need 2 free GPUs, and the Ray cluster has 0"):
-        RayRolloutRunner(runner.spec, workers=2, worker_cpus=0, worker_gpus=1)
+        gpus = runner.spec.rollout.model_copy(update={"worker_gpus": 1.0})
+        RayRolloutRunner(replace(runner.spec, rollout=gpus), run_dir=None, worker_cpus=0)
 
 
 def test_a_short_temp_dir_moves_into_the_run_once_the_cluster_is_down(tmp_path):

@@ -1,0 +1,55 @@
+"""Where a model runs and in what precision: the devices and dtypes ``model.device`` and ``model.dtype`` name."""
+
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """The torch device ``model.device`` names: ``auto`` is the GPU when torch sees one, else the CPU.
+
+    Raises:
+        ValueError: not a device trajlab runs on, or a GPU that torch does not see.
+    """
+    if isinstance(name, torch.device):
+        return name
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {name!r} is not one trajlab runs on: use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: torch {torch.__version__} sees no CUDA GPU on this machine; use --device "
+                        "cpu (or auto, which picks the GPU when there is one)")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} GPU(s), numbered from cuda:0")
+    return device
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dtype | None = None) -> torch.dtype:
+    """The weights' dtype ``model.dtype`` names on ``device``, for a checkpoint saved in ``saved``.
+
+    ``auto`` is float32 on the CPU (its half-precision kernels are slow) and the checkpoint's own dtype on a GPU,
+    except a bfloat16 checkpoint on a GPU without bfloat16, which loads in float32. float32 checkpoints stay float32:
+    ask for bfloat16 to halve their memory.
+
+    Raises:
+        ValueError: an unknown dtype, or bfloat16 on a GPU that does not support it.
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        chosen = saved or torch.float32
+        return torch.float32 if chosen == torch.bfloat16 and not bf16_ok else chosen
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(name)
+    if dtype is None:
+        raise ValueError(f"dtype {name!r} is not one trajlab loads models in: use auto, float32, bfloat16 or float16")
+    if dtype == torch.bfloat16 and not bf16_ok:
+        raise ValueError(f"dtype bfloat16: {torch.cuda.get_device_name(device)} does not support it; use float16 or "
+                        "float32")
+    return dtype

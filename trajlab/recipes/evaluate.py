@@ -1,0 +1,79 @@
+"""The evaluate recipe, :func:`trajlab.evaluate`: roll a policy out on held-out tasks and score it (success rate,
+pass@k, mean reward and turns, error rates, per task); ``trajlab eval`` and every ``eval`` stage of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trajlab.collection.plan import TaskRows
+from trajlab.config import EvalSettings, RolloutSettings
+from trajlab.env.registry import read_tasks_file
+from trajlab.errors import UserError
+from trajlab.evaluation import EvalReport, evaluate_trajectories, save_report
+from trajlab.evaluation.metrics import eval_metrics
+from trajlab.inference.policy import Policy, PolicyLike
+from trajlab.recipes.arguments import EnvLike, Progress, as_env, model_settings, output_path, policy_label, settings_of
+from trajlab.recipes.collect import roll_out
+from trajlab.rollout.rewards import weighted_reward
+from trajlab.tracking import Trackers, require_trackers
+
+
+def evaluate(
+    env: EnvLike,
+    policy: PolicyLike | Policy,
+    *,
+    out: str | Path | None = None,
+    tasks: TaskRows | None = None,
+    tokenizer: Any = None,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    rewards: Mapping[str, float] | None = None,
+    label: str | None = None,
+    backend: str | None = None,
+    on_progress: Progress | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    report_to: Sequence[str] = (),
+    **settings: Any,
+) -> EvalReport:
+    """Evaluate ``policy`` on held-out tasks: success rate, pass@k, mean reward and turns, error rates, per task.
+
+    Args:
+        out: a run directory for ``trajectories.jsonl`` and ``eval.json`` (resumed if it exists); None: nothing
+            is written.
+        tasks: task dicts to evaluate on instead of the env's split (all of them unless ``num_tasks`` is given).
+        rewards: reward-component weights to report (``reward/<name>``); None: the env reward only.
+        label: the run's name in tables (default: the policy's).
+        report_to: experiment trackers that also get the results, as ``eval/...`` (:mod:`trajlab.tracking`; the
+            tracker run is named after ``out``).
+        **settings: ``EvalSettings`` fields: ``num_tasks``, ``samples_per_task``, ``ks``, ``temperature``,
+            ``split``, ``seed``.
+        Other arguments: as for :func:`trajlab.collect`.
+    """
+    require_trackers(report_to)
+    if report_to and out is None:
+        raise UserError("report_to needs out=: the tracker run is named after the evaluation's directory.")
+    if tasks is not None and "num_tasks" not in settings:
+        count = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
+        settings = {**settings, "num_tasks": max(count, 1)}
+    chosen = settings_of(EvalSettings, settings)
+    with output_path(out, "") as run_dir:
+        trajectories, outcome = roll_out(
+            as_env(env), policy, run_dir / "trajectories.jsonl", split=chosen.split, seed=chosen.seed,
+            episodes=chosen.num_tasks * chosen.samples_per_task, samples_per_task=chosen.samples_per_task,
+            tasks=tasks, temperature=chosen.temperature, tokenizer=tokenizer,
+            rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend),
+            reference=None, noise=0.0, on_progress=on_progress)
+        if rewards is not None:
+            for trajectory in trajectories:  # every reward component logged alongside success
+                weighted_reward(trajectory, dict(rewards))
+        report = evaluate_trajectories(trajectories, ks=chosen.pass_at(), label=label or policy_label(policy),
+                                       tokens_per_s=outcome.tokens_per_s or None)
+        report.errors_run_again = outcome.errors_run_again
+        if out is not None:
+            save_report(report, run_dir / "eval.json")
+            with Trackers(report_to, run_dir.parent, run_dir.name, config={"eval": chosen.model_dump(mode="json"),
+                                                                           "label": report.label}) as trackers:
+                trackers.log(eval_metrics(report), step=0)
+    return report

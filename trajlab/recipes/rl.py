@@ -1,0 +1,208 @@
+"""The RL recipe, :func:`trajlab.rl`: build the policy, LoRA, reference, optimizer, scheduler, accelerator and
+sampler from the settings, then hand them to the training loop (:func:`trajlab.train.rl.train_rl`).
+
+What samples the rollouts: the ``hf`` backend samples from the very model being trained (through a copy of it when
+rollouts run ahead of the update, ``max_staleness`` > 0); the ``vllm`` backend from an in-process engine started
+from the model directory; ``rollout.workers`` from Ray actors that each start their policy from it. The last two
+get the trainer's weights after every optimizer step.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from transformers import PreTrainedModel
+
+from trajlab.chat.parsers import get_parser
+from trajlab.chat.template import resolve_chat_template
+from trajlab.collection.engines import resolve_prompts, rollout_engine
+from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings
+from trajlab.env.mixture import EnvMixture
+from trajlab.errors import UserError, require
+from trajlab.inference.base import Generator
+from trajlab.inference.hf import HFGenerator
+from trajlab.inference.policy import Policy
+from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
+from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
+from trajlab.rollout.engine import EpisodeRunner
+from trajlab.tracking import require_trackers
+from trajlab.train.curriculum import Curriculum, build_stages
+from trajlab.train.lora import lora_config
+from trajlab.train.placement import training_device
+from trajlab.train.rl import RLComponents, train_rl
+from trajlab.train.schedule import rl_scheduler
+from trajlab.train.update import PolicyUpdate
+
+
+def rl(
+    model: str | Path | PreTrainedModel,
+    env: EnvLike,
+    out: str | Path,
+    *,
+    tokenizer: Any = None,
+    processor: Any = None,
+    rollout: RolloutSettings | Mapping[str, Any] | None = None,
+    seed: int | None = None,
+    resume: bool = False,
+    backend: str | None = None,
+    sampler: Generator | None = None,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    report_to: Sequence[str] = (),
+    curriculum: CurriculumSettings | Mapping[str, Any] | None = None,
+    skip_tasks: Collection[str] = (),
+    **settings: Any,
+) -> Path:
+    """Online multi-turn RL of ``model`` on ``env``'s train tasks; returns ``out/final`` (LoRA merged).
+
+    Args:
+        model: a model directory or a loaded transformers model (then ``tokenizer`` is required).
+        processor: a loaded vision-language model's processor; a model directory's own is loaded (none for a text
+            model). Needed for an env that shows the model images.
+        backend: ``"hf"`` rolls out with the model being trained; ``"vllm"`` with an in-process vLLM engine started
+            from the model directory, which gets the trainer's weights after every optimizer step.
+        sampler: a generator that rolls out instead (None: as ``backend`` says); one that takes weights gets the
+            trainer's after every optimizer step, and any other is corrected for as another engine.
+        on_step: called with each step's metrics (also appended to ``out/metrics.jsonl``).
+        report_to: experiment trackers that also get each step's metrics (:mod:`trajlab.tracking`).
+        device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
+            loaded in (``ModelSettings``; None: its default).
+        curriculum: train stage after stage instead (``CurriculumSettings``: ``{"stages": [...]}``); a stage
+            without an env of its own uses ``env``.
+        skip_tasks: ``(env, task_id)`` keys of train tasks RL does not draw: those SFT's demonstrations came from,
+            which SFT fits and RL rarely fails (no gradient); ``trajlab.data.store.task_keys`` reads them from a file.
+        **settings: ``RLSettings`` fields (``steps``, ``estimator``, ``credit``, ``group_size``, ``rewards``...).
+        Other arguments: as for :func:`trajlab.collect`.
+    """
+    require_trackers(report_to)  # before any model is loaded
+    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend)
+    rollout, seed = settings_of(RolloutSettings, rollout), run_seed(seed)
+    tokenizer, processor = tokenizer_of(model, tokenizer), processor_of(model, processor)
+    run_env = as_env(env)
+    stages = (build_stages(settings_of(CurriculumSettings, curriculum), run_env, rollout) if curriculum is not None
+              else None)
+    trained_on = (Curriculum(stages, seed=seed, skip=skip_tasks) if stages is not None
+                  else Curriculum.single(run_env, rollout.limit_overrides(), seed=seed, skip=skip_tasks))
+    where = training_device(placed.device)
+    # The scheduler counts optimizer steps: accelerate would otherwise step a prepared one once per process.
+    accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
+    _check_layout(trained_on, rollout, accelerator)
+    set_seed(seed)
+    parts = _components(model, chosen, rollout, placed, trained_on, accelerator, where, tokenizer, processor,
+                        sampler=sampler, seed=seed, out=Path(out))
+    run_config = {"rl": chosen.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"), "seed": seed,
+                  "backend": placed.backend}
+    return train_rl(parts, chosen, rollout, Path(out), seed=seed, resume=resume, on_step=on_step,
+                    report_to=report_to, run_config=run_config)
+
+
+def _check_layout(curriculum: Curriculum, rollout: RolloutSettings, accelerator: Accelerator) -> None:
+    """Refuse what rollout workers cannot do yet, before any model is loaded."""
+    if rollout.workers and curriculum.staged:
+        raise UserError("a curriculum changes envs and limits between steps, which rollout workers start with: set "
+                        "rollout.workers: 0 to train with a curriculum.")
+    if rollout.workers and accelerator.num_processes > 1:
+        raise UserError("rollout.workers runs rollouts on Ray actors from one trainer process; under "
+                        f"{accelerator.num_processes} processes (accelerate launch) set rollout.workers: 0, and each "
+                        "process rolls out its share of the tasks.")
+
+
+def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollout: RolloutSettings,
+                placed: ModelSettings, curriculum: Curriculum, accelerator: Accelerator, where: torch.device,
+                tokenizer: Any, processor: Any, *, sampler: Generator | None, seed: int, out: Path) -> RLComponents:
+    """The policy (LoRA, reference, optimizer, scheduler, prepared by accelerate), what samples it, and the runners
+    of every curriculum stage."""
+    update = _policy_update(model, settings, placed.dtype, where, accelerator, curriculum, tokenizer, processor)
+    policy = accelerator.unwrap_model(update.policy)
+    if sampler is None and placed.backend == "vllm" and not rollout.workers:  # workers start engines of their own
+        sampler = _vllm_sampler(model, placed, rollout, seed)
+    in_process = sampler is None and not rollout.workers
+    # With max_staleness > 0 rollouts run while the policy trains, so the hf backend samples from a copy of it (the
+    # behaviour policy), which takes the trained weights between two steps' rollouts.
+    behaviour = copy.deepcopy(policy).eval() if settings.max_staleness and in_process else None
+    generator = sampler or HFGenerator(behaviour or policy, tokenizer, max_batch_size=rollout.concurrency,
+                                       processor=processor)
+    template = resolve_chat_template(tokenizer)
+
+    def engine(stage: int, by: Generator, temperature: float) -> EpisodeRunner:
+        chosen = curriculum.stages[stage]
+        return rollout_engine(chosen.env, Policy(by, tokenizer, template, processor), rollout=rollout,
+                              temperature=temperature, seed=seed, limits=chosen.limits)
+
+    def greedy(stage: int) -> EpisodeRunner:
+        """Held-out evaluations sample from the trained weights: the sampler in the synchronous loop, the policy
+        itself when the sampler is a behaviour copy that lags behind."""
+        judge = generator if behaviour is None else HFGenerator(policy, tokenizer, max_batch_size=rollout.concurrency,
+                                                                processor=processor)
+        return engine(stage, judge, 0.0)
+
+    # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
+    # exactly what the update recomputes for the ratio
+    runners = ([_workers(model, curriculum, settings, rollout, placed, seed, out)] if rollout.workers else
+               [engine(stage, generator, settings.temperature) for stage in range(len(curriculum.stages))])
+    return RLComponents(accelerator=accelerator, model=policy, update=update, curriculum=curriculum,
+                        runners=runners, greedy_runner=greedy, sampler=runners[0] if rollout.workers else generator,
+                        behaviour=behaviour, off_policy=not in_process or settings.max_staleness > 0,
+                        tokenizer=tokenizer, chat_template=template, parser=get_parser(rollout.parser, tokenizer),
+                        processor=processor)
+
+
+def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dtype: str, where: torch.device,
+                   accelerator: Accelerator, curriculum: Curriculum, tokenizer: Any, processor: Any) -> PolicyUpdate:
+    """The policy (optionally LoRA) with its optimizer and scheduler, prepared by accelerate, and a frozen
+    reference only when a KL penalty asks for one (LoRA's reference is its disabled adapter)."""
+    policy = trainable_model(model, device=where, dtype=dtype)
+    if settings.gradient_checkpointing:  # active in train mode only: generation (eval mode) keeps its cache
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if settings.lora:
+        peft = require("peft", feature="LoRA (--lora-r, lora: settings)", install="pip install 'trajlab[lora]'")
+        policy = peft.get_peft_model(policy, lora_config(settings.lora))
+    reference = None
+    if settings.kl_coef > 0 and not settings.lora:
+        reference = frozen_copy(model, device=where, dtype=policy.dtype)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
+    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, rl_scheduler(optimizer, settings))
+    if reference is not None:
+        reference.to(accelerator.device)
+    return PolicyUpdate(policy, reference, optimizer, scheduler, accelerator, settings, _token_budget(curriculum),
+                        tokenizer.pad_token_id or 0, processor)
+
+
+def _token_budget(curriculum: Curriculum) -> int:
+    """Dr.GRPO normalises the token sum by a constant: the most model tokens an episode of any stage can have."""
+    limits = [spec.limits.override(**stage.limits) for stage in curriculum.stages
+              for spec in (stage.env.specs.values() if isinstance(stage.env, EnvMixture) else [stage.env])]
+    return max(limit.max_turns * limit.max_new_tokens for limit in limits)
+
+
+def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, rollout: RolloutSettings,
+                  seed: int) -> Generator:
+    """An in-process vLLM engine started from the model directory."""
+    from trajlab.inference.vllm import VLLMGenerator
+
+    if not isinstance(model, str | Path):
+        raise UserError("the vllm backend starts its engine from a model directory: save the model "
+                        "(save_pretrained) and pass its path.")
+    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency,
+                         engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
+
+
+def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,
+             rollout: RolloutSettings, placed: ModelSettings, seed: int, out: Path) -> EpisodeRunner:
+    """Ray actors rolling out the policy as the in-process engine would (same sampling, limits, prompt, seed)."""
+    from trajlab.collection.workers import RayRolloutRunner, WorkerSpec
+
+    if not isinstance(model, str | Path):
+        raise UserError("rollout.workers start their policies from a model directory: save the model "
+                        "(save_pretrained) and pass its path.")
+    env, resolved = resolve_prompts(curriculum.stages[0].env, rollout)
+    spec = WorkerSpec(env=env, policy=str(model), tokenizer=None, model=placed, rollout=resolved,
+                      temperature=settings.temperature, seed=seed)
+    return RayRolloutRunner(spec, run_dir=out)

@@ -1,0 +1,89 @@
+"""The clipped policy-gradient loss of a micro-batch of rollouts, with the optional KL to the starting policy.
+
+Per model token: the PPO-clipped ratio of the trainer's logprob to the old policy's, times the token's advantage;
+when another engine sampled (``trainer_logprobs`` in the batch), the ratio is taken against the trainer's own
+logprobs before the update and the token is weighted by the truncated importance weight min(p_trainer / p_sampler,
+cap). The token losses are reduced so that summing micro-batches equals the loss of their whole minibatch.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from trajlab.config import RLSettings
+from trajlab.rollout.types import Trajectory
+from trajlab.train.logprobs import token_logprobs
+
+
+def loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
+    """What a minibatch's summed loss is divided by, so accumulating micro-batches equals one big batch.
+
+    grpo sums per-sequence token means (divide by sequences); dr_grpo divides the token sum by a constant budget per
+    sequence (no length bias); rloo averages over every model token of the minibatch.
+    """
+    if estimator == "grpo":
+        return float(len(trajectories))
+    if estimator == "dr_grpo":
+        return float(len(trajectories) * token_budget)
+    return float(max(1, sum(sum(t.tokens.loss_mask) for t in trajectories)))
+
+
+def policy_loss(
+    policy: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    batch: dict[str, Any],
+    settings: RLSettings,
+    normaliser: float,
+    processor: Any = None,
+) -> dict[str, Any]:
+    """The micro-batch's loss (``loss_tensor``, to backpropagate), its statistics (``loss``, ``kl``, ``entropy``,
+    ``clip_fraction``) and the trainer's logprobs of its completion tokens (``trainer_logprobs``, detached).
+
+    ``reference``: the frozen starting policy of the KL term; None with a KL term means the policy is a PEFT model
+    whose disabled adapter is the starting policy. ``processor``: a vision-language model's, for the batch's images.
+    """
+    input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
+    images = batch["images"]
+    mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
+    sampler = batch["old_logprobs"][:, start:]
+    advantages = batch["advantages"][:, start:]
+    corrected = "trainer_logprobs" in batch
+    old = batch["trainer_logprobs"][:, start:] if corrected else sampler
+
+    logprobs, entropy = token_logprobs(policy, input_ids, attention, start, settings.temperature, images,
+                                       processor)  # (B, L) each
+
+    ratio = torch.exp(logprobs - old)
+    clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if corrected:  # truncated importance sampling: the tokens came from the sampler, not from `old`
+        per_token = per_token * torch.exp(old - sampler).clamp(max=settings.importance_cap)
+
+    kl = torch.zeros_like(per_token)
+    if settings.kl_coef > 0:
+        with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
+            ref_model = policy if reference is None else reference
+            ref_logprobs, _ = token_logprobs(ref_model, input_ids, attention, start, settings.temperature, images,
+                                             processor)
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
+        per_token = per_token + settings.kl_coef * kl
+
+    if settings.estimator == "grpo":  # each sequence's token mean; the normaliser counts sequences
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / normaliser
+    else:  # dr_grpo and rloo: a token sum over a constant (dr_grpo) or the minibatch's token count (rloo)
+        loss = (per_token * mask).sum() / normaliser
+
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        clip_fraction = (((ratio - 1).abs() > settings.clip_eps).float() * mask).sum() / n
+        stats = {
+            "loss": loss.item(),
+            "kl": ((kl * mask).sum() / n).item(),
+            "entropy": ((entropy * mask).sum() / n).item(),
+            "clip_fraction": clip_fraction.item(),
+        }
+    return stats | {"loss_tensor": loss, "trainer_logprobs": logprobs.detach()}

@@ -1,0 +1,30 @@
+"""RL's learning rate over its optimizer steps: a warm-up that starts above 0, then held or decayed to 0 at the
+run's last planned optimizer step (``rl.lr_scheduler``)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from trajlab.config import RLSettings
+
+
+def learning_rate_factor(done: int, settings: RLSettings) -> float:
+    """The rate's multiplier after ``done`` optimizer steps: warm-up that starts above 0 (no step is wasted at rate
+    0), then held or decayed to 0 at the run's last planned optimizer step."""
+    warmup = min(1.0, (done + 1) / (settings.warmup_steps + 1))
+    if settings.lr_scheduler == "constant":
+        return warmup
+    batch = settings.tasks_per_step * settings.group_size
+    per_step = settings.epochs_per_step * math.ceil(batch / (settings.minibatch_size or batch))
+    decaying = max(1, settings.steps * per_step - settings.warmup_steps)
+    progress = min(1.0, max(0, done - settings.warmup_steps) / decaying)
+    decay = 1 - progress if settings.lr_scheduler == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return warmup * decay
+
+
+def rl_scheduler(optimizer: torch.optim.Optimizer, settings: RLSettings) -> torch.optim.lr_scheduler.LambdaLR:
+    """The scheduler stepping ``optimizer``'s rate by :func:`learning_rate_factor`, once per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(learning_rate_factor, settings=settings))

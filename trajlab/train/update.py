@@ -1,0 +1,162 @@
+"""One RL step's optimizer steps over its rollouts: minibatches of micro-batches, dealt to the trainer processes.
+
+Every process holds all of the step's rollouts. Each minibatch's micro-batches are dealt round-robin to the
+processes; a process with none left runs a pass of weight zero, so all run the same number of backward passes (DDP
+all-reduces on each) and nobody waits forever. Losses are scaled by the process count, since DDP averages gradients:
+the sum over processes is the single-process gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from trajlab.config import RLSettings
+from trajlab.rollout.types import Trajectory
+from trajlab.train.batches import by_rollout, padded_batch
+from trajlab.train.logprobs import token_logprobs, unwrap
+from trajlab.train.loss import loss_normaliser, policy_loss
+from trajlab.train.mismatch import MismatchSums
+
+LOSS_STATS = ("loss", "kl", "entropy", "clip_fraction")
+
+
+@dataclass
+class PolicyUpdate:
+    """The trained policy with what updates it; calling it runs one RL step's optimizer steps.
+
+    Args:
+        policy: the policy as accelerate prepared it (DDP-wrapped under several processes; a PEFT model with LoRA).
+        reference: the frozen starting policy of the KL term (None: no KL, or LoRA's disabled adapter).
+        token_budget: the most model tokens an episode can have (Dr.GRPO's constant normaliser).
+        pad_id: the padding token (padding is marked by the attention mask, never by this id).
+        processor: a vision-language model's, for rollouts with images.
+    """
+
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    accelerator: Accelerator
+    settings: RLSettings
+    token_budget: int
+    pad_id: int
+    processor: Any = None
+
+    def __call__(self, trajectories: list[Trajectory], token_advantages: list[list[float]], *, correct: bool,
+                 shuffle_seed: int) -> tuple[dict[str, float], dict[int, list[float]]]:
+        """The step's optimizer steps; returns its loss statistics with the sampler-trainer mismatch
+        (``mismatch/...``), and the trainer's logprobs of each rollout's completion tokens (by index) as they were
+        before the first optimizer step, for the rollouts this process computed them for.
+
+        ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed for
+        every rollout first (the "old" policy of the clipped ratio) and each token's loss is weighted by the
+        truncated importance weight. Without it the mismatch is measured on the passes before the first optimizer
+        step. ``shuffle_seed`` orders the minibatches.
+        """
+        usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
+        if not usable:
+            return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
+        lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids)
+                   for i in usable}
+        mismatch = MismatchSums()
+        trainer_logprobs = (self.trainer_logprobs(trajectories, sorted(usable, key=lengths.__getitem__), mismatch)
+                            if correct else {})
+        # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
+        # gradient without a KL term: skip its forward and backward. Normalisers still count it: the same step.
+        silent = {i for i in usable if not any(token_advantages[i])} if self.settings.kl_coef == 0 else set()
+        totals, passes, steps, grad_norm = dict.fromkeys(LOSS_STATS, 0.0), 0, 0, 0.0
+        for minibatch in self._minibatches(usable, lengths, shuffle_seed):
+            normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
+                                         self.token_budget)
+            for chosen, weight in self._dealt([i for i in minibatch if i not in silent]):
+                batch = padded_batch([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen],
+                                     self.pad_id, self.accelerator.device,
+                                     [trainer_logprobs[i] for i in chosen] if correct else None)
+                stats = policy_loss(self.policy, self.reference, batch, self.settings, normaliser, self.processor)
+                self.accelerator.backward(stats.pop("loss_tensor") * (weight * self.accelerator.num_processes))
+                if not weight:  # a pass that only keeps the processes in step
+                    continue
+                if not correct and steps == 0:  # the weights that sampled: the mismatch is the engines' difference
+                    mismatch.add(stats["trainer_logprobs"], batch, self.settings.importance_cap)
+                    trainer_logprobs |= by_rollout(stats["trainer_logprobs"], batch, chosen, trajectories)
+                for key in totals:
+                    totals[key] += stats[key]
+                passes += 1
+            grad_norm += self._optimizer_step()
+            steps += 1
+        totals, passes, mismatch = self._summed(totals, passes, mismatch)
+        # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
+        averages = {key: value / max(1, passes) for key, value in totals.items()}
+        return (averages | {"loss": totals["loss"] / max(1, steps), "grad_norm": grad_norm / max(1, steps),
+                            "trained_sequences": len(usable) - len(silent)} | mismatch.means()), trainer_logprobs
+
+    def _minibatches(self, usable: list[int], lengths: dict[int, int], shuffle_seed: int) -> list[list[int]]:
+        """``epochs_per_step`` shuffled passes over the rollouts, cut into minibatches (one optimizer step each)
+        whose rollouts are sorted by length, so their micro-batches waste little on padding."""
+        per_step = self.settings.minibatch_size or len(usable)
+        shuffle = torch.Generator().manual_seed(shuffle_seed)
+        minibatches = []
+        for _ in range(self.settings.epochs_per_step):
+            order = [usable[i] for i in torch.randperm(len(usable), generator=shuffle).tolist()]
+            minibatches += [sorted(order[start : start + per_step], key=lengths.__getitem__)
+                            for start in range(0, len(order), per_step)]
+        return minibatches
+
+    def _dealt(self, trained: list[int]) -> list[tuple[list[int], float]]:
+        """This process's micro-batches of a minibatch (round-robin), each with its weight: 0 for a stand-in pass
+        where the process has none left while others still do."""
+        size, processes = self.settings.micro_batch_size, self.accelerator.num_processes
+        micro = [trained[first : first + size] for first in range(0, len(trained), size)]
+        dealt = []
+        for turn in range(math.ceil(len(micro) / processes)):
+            index = turn * processes + self.accelerator.process_index
+            dealt.append((micro[index], 1.0) if index < len(micro) else (micro[0], 0.0))
+        return dealt
+
+    def _optimizer_step(self) -> float:
+        """Clip, step, schedule; returns the gradient norm before clipping."""
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad()
+        return grad_norm
+
+    def _summed(self, totals: dict[str, float], passes: int,
+                mismatch: MismatchSums) -> tuple[dict[str, float], int, MismatchSums]:
+        """The statistics of every process's passes (this process's alone when there is one)."""
+        if self.accelerator.num_processes == 1:
+            return totals, passes, mismatch
+        summed = self.accelerator.reduce(torch.tensor([*totals.values(), float(passes), *mismatch.sums()],
+                                                      device=self.accelerator.device), reduction="sum").tolist()
+        return (dict(zip(totals, summed[: len(totals)], strict=True)), int(summed[len(totals)]),
+                MismatchSums(*summed[len(totals) + 1 :]))
+
+    @torch.no_grad()
+    def trainer_logprobs(self, trajectories: list[Trajectory], order: list[int],
+                         mismatch: MismatchSums) -> dict[int, list[float]]:
+        """The trained model's logprob of every completion token of each rollout, before any optimizer step: the
+        "old" policy of the clipped ratio when another engine sampled. Eval mode, as sampling ran; micro-batches of
+        similar lengths."""
+        model = unwrap(self.policy)
+        training = model.training
+        model.eval()
+        out: dict[int, list[float]] = {}
+        try:
+            for first in range(0, len(order), self.settings.micro_batch_size):
+                chosen = order[first : first + self.settings.micro_batch_size]
+                rows = [trajectories[i] for i in chosen]
+                batch = padded_batch(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows], self.pad_id,
+                                     self.accelerator.device)
+                logprobs, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                                             batch["completion_start"], self.settings.temperature, batch["images"],
+                                             self.processor)
+                mismatch.add(logprobs, batch, self.settings.importance_cap)
+                out |= by_rollout(logprobs, batch, chosen, trajectories)
+        finally:
+            model.train(training)
+        return out
