@@ -25,7 +25,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.inference.openai_server import OpenAIGenerator, ServerError, served_model
+from trajlab.inference.openai_client import OpenAIGenerator, ServerError, served_model
 from trajlab.models.loading import load_model
 from trajlab.proxy import ServeLimits, SessionRecorder, create_app
 from trajlab.rollout.engine import Episode, RolloutEngine
@@ -168,7 +168,7 @@ def test_a_server_without_token_ids_gives_text_only_trajectories_and_one_warning
                                                                                  tmp_path, caplog):
     with fake_server(tiny_tokenizer, tiny_template, tmp_path, token_ids=False) as url:
         generator = OpenAIGenerator(f"{url}/v1", MODEL, tiny_tokenizer)
-        with caplog.at_level(logging.WARNING, logger="trajlab.inference.openai_server"):
+        with caplog.at_level(logging.WARNING, logger="trajlab.inference.openai_client"):
             results = asyncio.run(arithmetic_engine(generator, tiny_tokenizer, tiny_template).run(episodes(3)))
     warnings = [r for r in caplog.records if "returned no token ids" in r.getMessage()]
     assert len(warnings) == 1 and url in warnings[0].getMessage() and generator.text_only

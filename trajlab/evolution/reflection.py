@@ -72,7 +72,7 @@ class ServerReflection:
     def __init__(self, url: str, *, max_new_tokens: int, temperature: float, timeout_s: float = 600.0) -> None:
         import openai
 
-        from trajlab.inference.openai_server import api_key_or_placeholder, served_model, split_policy_url
+        from trajlab.inference.openai_client import api_key_or_placeholder, served_model, split_policy_url
 
         base_url, model = split_policy_url(url)
         self.model = served_model(base_url, model)

