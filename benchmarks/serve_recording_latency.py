@@ -31,10 +31,11 @@ import uvicorn
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import render, resolve_chat_template, stop_token_ids
+from trajlab.config import ServeSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models import init_tiny_model, load_model, load_tokenizer
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 
 MODEL = "tiny"
 
@@ -113,7 +114,7 @@ def main() -> None:
 
     def server_app(recorder: SessionRecorder) -> Any:
         return create_app(HFGenerator(model, tokenizer), tokenizer, template, get_parser("auto", tokenizer), MODEL,
-                          recorder, ServeLimits())
+                          recorder, ServeSettings(), model.config.max_position_embeddings)
 
     generator = HFGenerator(model, tokenizer)
 
