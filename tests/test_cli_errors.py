@@ -96,6 +96,8 @@ USAGE = {  # a wrong combination or form of options: exit 2
     "sft without a model": (["sft", "--from", "{T}/notraj.jsonl", "--out", "{T}/sft"], "give --model DIR"),
     "serve a model and the config's upstream": (["serve", "--model", "{M}", "--config", "{T}/upstream.yaml"],
                                                 "forwards to a server that serves its own model (serve.upstream)"),
+    "sft-only dataset option for rl": (["dataset", "--kind", "rl", "--from", "{T}/notraj.jsonl", "--out", "{T}/d.jsonl",
+                                        "--max-tokens", "10"], "apply to --kind sft only"),
 }
 
 
