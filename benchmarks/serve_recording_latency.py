@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ MODEL = "tiny"
 class NullRecorder(SessionRecorder):
     """Records nothing: the server's cost without the JSON line and the fsync."""
 
-    def append(self, session_id: str, record: dict[str, Any]) -> None:
+    def append(self, session_id: str, record: dict[str, Any], images: Mapping[str, bytes] | None = None) -> None:
         pass
 
 
