@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,12 @@ import uvicorn
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import render, resolve_chat_template, stop_token_ids
+from trajlab.config import ServeSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.models.tiny import init_tiny_model
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 
 MODEL = "tiny"
 
@@ -43,7 +44,7 @@ MODEL = "tiny"
 class NullRecorder(SessionRecorder):
     """Records nothing: the server's cost without the JSON line and the fsync."""
 
-    def append(self, session_id: str, record: dict[str, Any]) -> None:
+    def append(self, session_id: str, record: dict[str, Any], images: Mapping[str, bytes] | None = None) -> None:
         pass
 
 
@@ -114,7 +115,7 @@ def main() -> None:
 
     def server_app(recorder: SessionRecorder) -> Any:
         return create_app(HFGenerator(model, tokenizer), tokenizer, template, get_parser("auto", tokenizer), MODEL,
-                          recorder, ServeLimits())
+                          recorder, ServeSettings(), model.config.max_position_embeddings)
 
     generator = HFGenerator(model, tokenizer)
 

@@ -215,3 +215,36 @@ def test_rl_draws_none_of_the_tasks_of_the_file_it_skips(tmp_path, tiny_model_di
 def test_float16_weights_are_not_trained(tmp_path, tiny_model_dir):
     result = invoke("rl", "--env", "arithmetic", "--model", tiny_model_dir, "--out", tmp_path, "--dtype", "float16")
     assert result.exit_code == 1 and "float16 weights cannot be trained" in result.stdout
+
+
+def test_dataset_takes_the_dataset_section_of_a_config_and_set(tmp_path, tiny_model_dir):
+    """`trajlab dataset --config RUN.yaml --kind sft` builds what that run's sft stage trains on; --set and the options
+    override the file, as for every command."""
+    demos = tmp_path / "demos.jsonl"
+    result = invoke("collect", "--env", "arithmetic", "--policy", "oracle", "--tokenizer", tiny_model_dir,
+                    "--episodes", 12, "--reference-noise", 0.2, "--out", demos)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(demos))
+    succeeded = [t for t in trajectories if t.status == "success"]
+    assert 0 < len(succeeded) < len(trajectories)  # the noisy reference fails some tasks
+    config = tmp_path / "run.yaml"
+    config.write_text("env: arithmetic\ndataset:\n  include_failures: true\n")
+
+    def rows(*args) -> list[dict]:
+        out = tmp_path / "sft.jsonl"
+        result = invoke("dataset", "--kind", "sft", "--from", demos, "--out", out, *args)
+        assert result.exit_code == 0, result.stdout
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    assert len(rows()) == len(succeeded)
+    assert len(rows("--config", config)) == len(trajectories)
+    assert len(rows("--config", config, "--set", "dataset.include_failures=false")) == len(succeeded)
+    assert len(rows("--config", config, "--no-include-failures")) == len(succeeded)
+    lengths = sorted(len(t.tokens.prompt_ids) + len(t.tokens.completion_ids) for t in trajectories)
+    limit = lengths[len(lengths) // 2]
+    kept = rows("--config", config, "--set", f"dataset.max_tokens={limit}")
+    assert 0 < len(kept) == sum(length <= limit for length in lengths) < len(trajectories)
+    assert all(len(row["input_ids"]) <= limit for row in kept)
+    # the section is about SFT data: another kind built from the same run's config ignores it
+    result = invoke("dataset", "--kind", "rl", "--from", demos, "--out", tmp_path / "rl.jsonl", "--config", config)
+    assert result.exit_code == 0, result.stdout

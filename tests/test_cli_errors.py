@@ -70,6 +70,12 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
     "export with a missing tokenizer": (["traces", "export", "--tokenizer", "{T}/no-model", *OUT],
                                         "'{T}/no-model' does not exist"),
     "serve a missing model": (["serve", "--model", "{T}/no-model"], "'{T}/no-model' does not exist"),
+    "misspelled serve key": (["serve", "--config", "{T}/serve_typo.yaml"],
+                             "serve.max_body_byte: unknown key (did you mean 'max_body_bytes'?)"),
+    "serve an upstream that is no URL": (["serve", "--set", "serve.upstream=127.0.0.1:8001"],
+                                         "--upstream (serve.upstream) must be an http(s) URL"),
+    "serve a context the model has not": (["serve", "--model", "{M}", "--max-context", "100000"],
+                                          "serve.max_context 100000 is longer than the model's context of 32768"),
     "model init over files": (["model", "init", "{T}"], "already exists and is not empty; replace it with --overwrite"),
     "task row without a field": (["collect", *ORACLE, "--tasks", "{T}/short_task.jsonl"],
                                  "{T}/short_task.jsonl:2: not a arithmetic task: missing field 'answer'"),
@@ -88,6 +94,10 @@ USAGE = {  # a wrong combination or form of options: exit 2
     "serve two models": (["serve", "--model", "{M}", "--upstream", "http://127.0.0.1:{PORT}/v1"],
                          "--upstream forwards to a server that serves its own model"),
     "sft without a model": (["sft", "--from", "{T}/notraj.jsonl", "--out", "{T}/sft"], "give --model DIR"),
+    "serve a model and the config's upstream": (["serve", "--model", "{M}", "--config", "{T}/upstream.yaml"],
+                                                "forwards to a server that serves its own model (serve.upstream)"),
+    "sft-only dataset option for rl": (["dataset", "--kind", "rl", "--from", "{T}/notraj.jsonl", "--out", "{T}/d.jsonl",
+                                        "--max-tokens", "10"], "apply to --kind sft only"),
 }
 
 
@@ -98,6 +108,8 @@ def where(tmp_path, tiny_model_dir):
     (tmp_path / "misspelled.yaml").write_text("env: arithmetic\nrolout:\n  max_turns: 3\n")
     (tmp_path / "badkey.yaml").write_text("env: arithmetic\nrollout:\n  max_turnz: 3\n")
     (tmp_path / "broken.yaml").write_text("env: [arithmetic\nrollout: {\n")
+    (tmp_path / "serve_typo.yaml").write_text("serve:\n  port: 8123\n  max_body_byte: 1000\n")
+    (tmp_path / "upstream.yaml").write_text("serve:\n  upstream: http://127.0.0.1:8001/v1\n")
     (tmp_path / "notreport.json").write_text("{}")
     (tmp_path / "notraj.jsonl").write_text("garbage\n")
     (tmp_path / "empty.jsonl").write_text("")

@@ -78,3 +78,18 @@ def test_model_device_and_dtype_are_validated():
         load_config(None, {"model": {"device": "gpu"}})
     with pytest.raises(ConfigError, match=r"model\.dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"):
         load_config(None, {"model": {"dtype": "fp16"}})
+
+
+def test_the_serve_section_is_shown_and_its_unknown_keys_are_errors(tmp_path):
+    config = load_config(None, {"serve": {"port": 9000, "max_context": 2048}})
+    assert (config.serve.port, config.serve.max_context, config.serve.max_body_bytes) == (9000, 2048, 4 << 20)
+    path = tmp_path / "c.yaml"
+    path.write_text("serve:\n  max_body_byte: 1000\n")
+    with pytest.raises(ConfigError, match=r"serve\.max_body_byte: unknown key \(did you mean 'max_body_bytes'\?\)"):
+        load_config(path)
+    from typer.testing import CliRunner
+
+    from trajlab.cli import app
+
+    shown = CliRunner().invoke(app, ["config", "show", "--set", "serve.port=9000"]).stdout
+    assert "\nserve:\n  host: 127.0.0.1\n  port: 9000\n" in shown and "  prefix_cache_mb: 1024\n" in shown

@@ -390,6 +390,39 @@ class EvolveSettings(Section):
     """Sampling temperature of the reflection LM."""
 
 
+class ServeSettings(Section):
+    """``trajlab serve``: the recording server. What it serves is the ``model`` section (``path``, ``device``,
+    ``dtype``, ``backend``), its tool-call parser ``rollout.parser``; with ``upstream`` set neither is read."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; 0.0.0.0 exposes the server to the network."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port to listen on."""
+    record_dir: str = "runs/serve/sessions"
+    """One JSONL file of call records per session."""
+    served_model_name: str | None = None
+    """Name clients pass as `model` (None: the model directory's name)."""
+    upstream: str | None = None
+    """Instead of serving model.path: forward to this OpenAI-compatible server (e.g. http://127.0.0.1:8001/v1) and
+    record in between. The model section, rollout.parser, served_model_name, max_batch_size, prefix_cache_mb,
+    default_max_tokens and max_context are then not used: the upstream has its own."""
+    max_batch_size: int = Field(32, ge=1)
+    """Most generations batched together."""
+    max_body_bytes: int = Field(4 << 20, ge=1)
+    """Larger request bodies get 413 before they are parsed."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a request body may take to arrive whole; then 408 (a client that sends less than its Content-Length
+    would otherwise hold its connection forever)."""
+    prefix_cache_mb: int = Field(1024, ge=0)
+    """Memory (MiB) for key/value states kept between a session's calls (hf backend; least recently used dropped
+    first): with the model's weights, what bounds the server's memory."""
+    default_max_tokens: int = Field(1024, ge=1)
+    """Completion tokens when a chat request sets no max_tokens (never more than the context has left)."""
+    max_context: int | None = Field(None, ge=1)
+    """Prompt plus completion tokens a request may use; longer prompts get 400 context_length_exceeded (None: the
+    served model's own context; more than that is an error)."""
+
+
 
 class PipelineConfig(Section):
     """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, and optionally evolve."""
@@ -425,6 +458,8 @@ class PipelineConfig(Section):
     """Every eval stage (and `trajlab eval`)."""
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
     """Prompt evolution with GEPA."""
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    """`trajlab serve`: the recording server."""
     curriculum: CurriculumSettings | None = None
     """RL in stages (tasks, difficulty, limits and env mixture of each, and when to move on); None: RL on the run's
     env throughout."""

@@ -23,11 +23,12 @@ from tests.evolution.scripted import HINT, SEED_PROMPT, proposer_as_chat_policy
 from tests.proxy.conftest import running
 from trajlab.chat.parsers import get_parser
 from trajlab.cli import app
+from trajlab.config import ServeSettings
 from trajlab.data.store import read_trajectories
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.loading import load_model
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = "tests.evolution.scripted:INSTRUCTED"
@@ -43,7 +44,8 @@ def invoke(*args):
 def test_evolve_then_compare_seed_and_evolved_prompts_on_held_out_tasks(tiny_tokenizer, tiny_template, tmp_path):
     proposer = ScriptedGenerator(proposer_as_chat_policy, tiny_tokenizer, tiny_template, name="proposer")
     server = create_app(proposer, tiny_tokenizer, tiny_template, get_parser("auto", tiny_tokenizer), "proposer",
-                        SessionRecorder(tmp_path / "sessions"), ServeLimits())
+                        SessionRecorder(tmp_path / "sessions"), ServeSettings(),
+                        tiny_tokenizer.model_max_length)
     with running(server) as url:
         evolved = invoke("evolve", "--env", ENV, "--policy", "oracle", "--reflection", f"{url}/v1#proposer",
                          "--out", tmp_path / "evolve", "--train-tasks", 4, "--val-tasks", 4,
@@ -98,7 +100,7 @@ def test_policy_and_reflection_both_behind_trajlab_serve(tiny_model_dir, tiny_to
     ``/v1/completions`` and reflection over ``/v1/chat/completions``, both recorded by the server."""
     server = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
                         get_parser("auto", tiny_tokenizer), "tiny", SessionRecorder(tmp_path / "sessions"),
-                        ServeLimits())
+                        ServeSettings(), tiny_tokenizer.model_max_length)
     with running(server) as url:
         invoke("evolve", "--env", "arithmetic", "--policy", f"{url}/v1", "--tokenizer", tiny_model_dir,
                "--reflection", f"{url}/v1#tiny", "--out", tmp_path / "evolve", "--train-tasks", 3, "--val-tasks", 2,

@@ -6,18 +6,19 @@ import pytest
 
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
-from trajlab.config import EvolveSettings, ModelSettings
+from trajlab.config import EvolveSettings, ModelSettings, ServeSettings
 from trajlab.evolution.reflection import ServerReflection, load_reflection_lm
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 
 SHORT = EvolveSettings(reflection_max_new_tokens=8)
 
 
 def test_a_server_reflects_through_chat_completions(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
     app = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
-                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeLimits())
+                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeSettings(),
+                     tiny_tokenizer.model_max_length)
     with running(app) as url:
         reflection = load_reflection_lm(f"{url}/v1#{MODEL}", settings=SHORT, model=ModelSettings())
         assert isinstance(reflection, ServerReflection) and reflection.model == MODEL

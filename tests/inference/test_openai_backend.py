@@ -20,14 +20,14 @@ import trajlab
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
 from trajlab.collection.engines import load_rollout_policy
-from trajlab.config import ModelSettings
+from trajlab.config import ModelSettings, ServeSettings
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.openai_client import OpenAIGenerator, ServerError, served_model
 from trajlab.models.loading import load_model
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 from trajlab.rollout.engine import Episode, RolloutEngine
 
 
@@ -83,14 +83,15 @@ def tiny_model(tiny_model_dir):
 def tiny_server(tiny_model, tiny_tokenizer, tiny_template, tmp_path_factory):
     app = create_app(HFGenerator(tiny_model, tiny_tokenizer), tiny_tokenizer, tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path_factory.mktemp("rec")),
-                     ServeLimits())
+                     ServeSettings(), tiny_tokenizer.model_max_length)
     with running(app) as url:
         yield f"{url}/v1"
 
 
 def fake_server(tokenizer, template, records, *, token_ids: bool = True):
     app = create_app(FakeToolCaller(tokenizer), tokenizer, template, get_parser("auto", tokenizer), MODEL,
-                     SessionRecorder(records), ServeLimits())
+                     SessionRecorder(records), ServeSettings(),
+                     tokenizer.model_max_length)
     return running(app if token_ids else ignoring_token_ids(app))
 
 

@@ -16,9 +16,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from trajlab.chat.parsers import get_parser
+from trajlab.config import ServeSettings
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 
 MODEL = "tiny"
 
@@ -69,6 +70,7 @@ def hf_server(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path_factory) -
     with torch.no_grad():
         model.get_output_embeddings().weight[broken] = 0.0
     app = create_app(HFGenerator(model, tiny_tokenizer), tiny_tokenizer, tiny_template,
-                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(records), ServeLimits())
+                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(records), ServeSettings(),
+                     tiny_tokenizer.model_max_length)
     with running(app) as url:
         yield Served(url, records, tiny_tokenizer, tiny_template, model)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import render
 from trajlab.cli import app
+from trajlab.config import ServeSettings
 from trajlab.data.datasets import sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.proxy import SessionRecorder, create_app
@@ -90,7 +91,7 @@ def scripted_server(tiny_tokenizer, tiny_template, tmp_path):
     generator = FakeScriptGenerator(tiny_tokenizer, [MULTIPLY, ANSWER])
     records = tmp_path / "sessions"
     app_ = create_app(generator, tiny_tokenizer, tiny_template, get_parser("auto", tiny_tokenizer), MODEL,
-                      SessionRecorder(records))
+                      SessionRecorder(records), ServeSettings(), tiny_tokenizer.model_max_length)
     with running(app_) as url:
         yield Served(url, records, tiny_tokenizer, tiny_template)
 

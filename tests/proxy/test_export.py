@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import render
 from trajlab.cli import app
+from trajlab.config import ServeSettings
 from trajlab.data.datasets import sft_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.proxy import SessionRecorder, create_app
@@ -36,7 +37,8 @@ def tool_server(tiny_tokenizer, tiny_template, tmp_path):
     """The real app, template and parser behind a scripted generator that always calls get_weather (the tiny model
     never calls a tool on its own); sessions are recorded in ``tmp_path``."""
     app = create_app(FakeReplyGenerator(tiny_tokenizer, CALL), tiny_tokenizer, tiny_template,
-                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path))
+                     get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeSettings(),
+                     tiny_tokenizer.model_max_length)
     with running(app) as url:
         yield url
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.cli import app
+from trajlab.config import ModelSettings, RolloutSettings, ServeSettings
 from trajlab.data.store import image_dir, read_trajectories
 from trajlab.inference.base import GenerationRequest, GenerationResult
 from trajlab.models.loading import load_processor, load_tokenizer
@@ -24,7 +25,7 @@ from trajlab.proxy.errors import APIError
 from trajlab.proxy.images import inline_images
 from trajlab.proxy.openai_format import to_template_messages
 from trajlab.proxy.recording import read_session
-from trajlab.proxy.server import ServeConfig, build_app
+from trajlab.proxy.server import build_app
 from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.images import decode_png, encode_png
 
@@ -55,7 +56,8 @@ def looking_at(url: str, text: str = "What colour is it?") -> dict:
 def vision_server(tiny_vision_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """The tiny vision-language model directory, loaded as `trajlab serve --model DIR` loads it."""
     records = tmp_path_factory.mktemp("sessions")
-    server = build_app(ServeConfig(model=tiny_vision_dir, served_model_name=MODEL, record_dir=records, device="cpu"))
+    server = build_app(ServeSettings(served_model_name=MODEL, record_dir=str(records)),
+                       ModelSettings(path=str(tiny_vision_dir), device="cpu"), RolloutSettings().parser)
     tokenizer = load_tokenizer(tiny_vision_dir)
     with running(server) as url:
         yield Served(url, records, tokenizer, resolve_chat_template(tokenizer))
@@ -163,7 +165,7 @@ def test_traces_export_keeps_the_images_and_passes_the_drift_guard(tiny_vision_d
     generator = LookAgain(tokenizer)
     records = tmp_path / "sessions"
     server = create_app(generator, tokenizer, template, get_parser("auto", tokenizer), MODEL,
-                        SessionRecorder(records), processor=processor)
+                        SessionRecorder(records), ServeSettings(), tokenizer.model_max_length, processor)
     red, blue = data_url(picture(RED)), data_url(picture(BLUE))
     red_id, blue_id = encode_png(picture(RED))[0], encode_png(picture(BLUE))[0]
     with running(server) as url:

@@ -17,8 +17,9 @@ import pytest
 from openai import OpenAI
 
 from trajlab.chat.parsers import get_parser
+from trajlab.config import ServeSettings
 from trajlab.inference.base import GenerationRequest, GenerationResult
-from trajlab.proxy import ServeLimits, SessionRecorder, create_app
+from trajlab.proxy import SessionRecorder, create_app
 from trajlab.proxy.recording import read_session
 
 from .conftest import MODEL, running
@@ -50,10 +51,11 @@ class FakeReplyGenerator:
 
 @pytest.fixture
 def fake_server(tiny_tokenizer, tiny_template, tmp_path):
-    def start(reply: str = CALL, limits: ServeLimits | None = None):
+    def start(reply: str = CALL, serve: ServeSettings | None = None):
         generator = FakeReplyGenerator(tiny_tokenizer, reply)
         app = create_app(generator, tiny_tokenizer, tiny_template, get_parser("auto", tiny_tokenizer), MODEL,
-                         SessionRecorder(tmp_path), limits or ServeLimits(max_context=256, max_body_bytes=4096))
+                         SessionRecorder(tmp_path), serve or ServeSettings(max_context=256, max_body_bytes=4096),
+                         tiny_tokenizer.model_max_length)
         return running(app)
     return start
 
@@ -223,8 +225,8 @@ def test_a_failing_backend_gives_a_500_in_openai_format_and_is_recorded(fake_ser
 def test_a_body_shorter_than_its_content_length_gets_408_and_is_recorded(fake_server, tmp_path):
     """A client that promises 100 bytes and sends 10 would hold its connection forever: after body_timeout_s it
     gets an OpenAI-format 408, and the refused call is in its session's record."""
-    limits = ServeLimits(max_context=256, max_body_bytes=4096, body_timeout_s=0.5)
-    with fake_server(limits=limits) as url:
+    serve = ServeSettings(max_context=256, max_body_bytes=4096, body_timeout_s=0.5)
+    with fake_server(serve=serve) as url:
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(b"POST /sessions/slow/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"

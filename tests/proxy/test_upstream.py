@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tests.proxy.conftest import MODEL, running
 from trajlab.cli import app
+from trajlab.config import ServeSettings
 from trajlab.proxy.recording import SessionRecorder, read_session
 from trajlab.proxy.upstream import UpstreamBackend, create_upstream_app
 
@@ -22,7 +23,8 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max
 @pytest.fixture(scope="module")
 def front(hf_server, tmp_path_factory):
     records = tmp_path_factory.mktemp("front")
-    with running(create_upstream_app(UpstreamBackend(hf_server.url + "/v1"), SessionRecorder(records))) as url:
+    with running(create_upstream_app(UpstreamBackend(hf_server.url + "/v1"), SessionRecorder(records),
+                                     ServeSettings())) as url:
         yield url, records
 
 
@@ -76,7 +78,8 @@ def test_unreachable_upstream_gives_502_and_the_front_keeps_serving(tmp_path):
     with socket.socket() as sock:  # a port nothing listens on once closed
         sock.bind(("127.0.0.1", 0))
         dead = sock.getsockname()[1]
-    front_app = create_upstream_app(UpstreamBackend(f"http://127.0.0.1:{dead}/v1"), SessionRecorder(tmp_path))
+    front_app = create_upstream_app(UpstreamBackend(f"http://127.0.0.1:{dead}/v1"), SessionRecorder(tmp_path),
+                                    ServeSettings())
     with running(front_app) as url:
         for _ in range(2):
             response = httpx.post(url + "/sessions/down/v1/chat/completions", json=CHAT, timeout=30)
@@ -91,4 +94,4 @@ def test_serve_refuses_upstream_with_model(tiny_model_dir):
     result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--upstream", "http://x/v1"])
     assert result.exit_code == 2 and "--upstream" in " ".join(result.output.split())
     neither = CliRunner().invoke(app, ["serve"])
-    assert neither.exit_code == 1 and "exactly one" in " ".join(neither.stdout.split())
+    assert neither.exit_code == 1 and "nothing to serve" in " ".join(neither.stdout.split())

@@ -42,7 +42,7 @@ app.command("rl")(training.rl_command)
 app.command("evolve")(training.evolve_command)
 app.command("run")(training.run_command)
 app.command()(report.report)
-app.command()(serving.serve)
+app.command("serve")(serving.serve_command)
 app.add_typer(serving.traces_app, name="traces")
 
 __all__ = ["app"]

@@ -24,23 +24,32 @@ def dataset(
     out: Annotated[Path, typer.Option(help="Output: FILE.jsonl, FILE.parquet, or a directory (save_to_disk).")],
     format: Annotated[Literal["disk", "jsonl", "parquet"] | None, typer.Option(
         "--format", help="Output format (default: from OUT's suffix).")] = None,
-    include_failures: Annotated[bool, setting("dataset.include_failures")] = False,
-    shortest_per_task: Annotated[bool, setting("dataset.shortest_per_task")] = False,
+    include_failures: Annotated[bool | None, setting("dataset.include_failures")] = None,
+    shortest_per_task: Annotated[bool | None, setting("dataset.shortest_per_task")] = None,
     max_tokens: Annotated[int | None, setting("dataset.max_tokens", min=1)] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
 ) -> None:
-    """Turn trajectory files into a Hugging Face dataset for SFT, RL or preference training."""
+    """Turn trajectory files into a Hugging Face dataset for SFT, RL or preference training.
+
+    --kind sft is shaped by the config's dataset section, as the run's sft stage is: `--config` of a run builds the
+    SFT data that run trains on. The section is about SFT data only: for --kind rl and preference, its options on
+    the command line are refused, and the section in a --config or --set is not read.
+    """
     from trajlab.data.datasets import preference_dataset, rl_dataset, save_dataset, sft_dataset
     from trajlab.data.store import read_trajectories
 
-    if kind != "sft" and (include_failures or shortest_per_task or max_tokens is not None):
+    if kind != "sft" and (include_failures is not None or shortest_per_task is not None or max_tokens is not None):
         raise usage_error("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
+    shaping = load(config, sets, {"dataset.include_failures": include_failures,
+                                  "dataset.shortest_per_task": shortest_per_task,
+                                  "dataset.max_tokens": max_tokens}).dataset
     trajectories = [t for source in sources for t in read_trajectories(source)]
     if not trajectories:
         raise ValueError(f"no trajectories in {', '.join(map(str, sources))}: nothing to build a dataset from "
                          "(collect some with `trajlab collect`)")
     if kind == "sft":
-        built = sft_dataset(trajectories, include_failures=include_failures, shortest_per_task=shortest_per_task,
-                            max_tokens=max_tokens)
+        built = sft_dataset(trajectories, **shaping.model_dump())
     else:
         built = rl_dataset(trajectories) if kind == "rl" else preference_dataset(trajectories)
     path = save_dataset(built, out, format)

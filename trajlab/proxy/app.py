@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
 from trajlab.chat.template import ChatTemplate, image_ids, stop_token_ids
+from trajlab.config import ServeSettings
 from trajlab.inference.base import Generator
 from trajlab.proxy.completion import Completer
 from trajlab.proxy.errors import APIError, bad_request, error_response
@@ -48,21 +49,6 @@ from trajlab.proxy.streaming import chat_chunks, completion_chunks, sse
 from trajlab.rollout.images import decode_png
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """What one request may ask for."""
-
-    max_body_bytes: int = 4 << 20
-    """Larger request bodies get 413 before they are parsed."""
-    max_context: int = 32768
-    """Prompt plus completion tokens; longer prompts get 400 ``context_length_exceeded``."""
-    default_max_tokens: int = 1024
-    """Completion tokens when a chat request sets no ``max_tokens`` (never more than the context has left)."""
-    body_timeout_s: float = 30.0
-    """A body not received whole within this time gets 408 (a client that sends less than its Content-Length
-    would otherwise hold its connection and task forever)."""
 
 
 @dataclass
@@ -94,10 +80,15 @@ def create_app(
     parser: ToolCallParser,
     model_name: str,
     recorder: SessionRecorder,
-    limits: ServeLimits | None = None,
+    serve: ServeSettings,
+    model_context: int,
     processor: Any = None,
 ) -> FastAPI:
     """Build the server around already-built collaborators.
+
+    The app takes the model's context length beside the settings rather than settings whose ``max_context`` a
+    caller has filled in: it resolves ``serve.max_context`` against the model itself, so a ``max_context`` that
+    the model cannot hold is refused here whoever builds the app.
 
     Args:
         generator: one backend for every request (the ``hf`` generator batches concurrent requests).
@@ -106,11 +97,16 @@ def create_app(
         parser: reads tool calls out of completions.
         model_name: the only name ``model`` may take; listed by ``/v1/models``.
         recorder: where each session's calls are written.
-        limits: body size, context length and default token budget.
+        serve: the request limits: ``max_body_bytes``, ``body_timeout_s``, ``default_max_tokens`` and
+            ``max_context`` (None: ``model_context``); the rest of its fields are ``build_app``'s.
+        model_context: the model's own context length in tokens (its config's ``max_position_embeddings``).
         processor: a vision-language model's processor, which turns the images of chat requests into the model's
             image tokens (``generator`` must pass ``GenerationRequest.images`` to the model); None: text only.
+
+    Raises:
+        ValueError: ``serve.max_context`` is longer than ``model_context``.
     """
-    limits = limits or ServeLimits()
+    context = _context_length(serve.max_context, model_context)
     completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
     chat = ChatTemplate(tokenizer, [], template, processor)
     # Where the model puts image features. Only the processor may write these ids: text holding one would leave the
@@ -129,15 +125,15 @@ def create_app(
                            param="model", code="model_not_found")
 
     def budget(requested: int | None, prompt_tokens: int, default: int) -> int:
-        room = limits.max_context - prompt_tokens
+        room = context - prompt_tokens
         if room <= 0:
             raise bad_request(
-                f"the prompt is {prompt_tokens} tokens; this model's context is {limits.max_context} tokens",
+                f"the prompt is {prompt_tokens} tokens; this model's context is {context} tokens",
                 param="messages", code="context_length_exceeded")
         if requested is not None and requested > room:
             raise bad_request(
                 f"max_tokens={requested} plus the {prompt_tokens}-token prompt exceeds this model's context of "
-                f"{limits.max_context} tokens", param="max_tokens", code="context_length_exceeded")
+                f"{context} tokens", param="max_tokens", code="context_length_exceeded")
         return requested if requested is not None else min(default, room)
 
     def prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]],
@@ -165,7 +161,7 @@ def create_app(
         return text, ids, images
 
     async def chat_work(request: Request, call: CallContext):
-        req = parse_request(ChatCompletionRequest, await read_body(request, call, limits))
+        req = parse_request(ChatCompletionRequest, await read_body(request, call, serve))
         raw_messages, call.images = inline_images(req.messages)
         if call.images:
             call.body = {**call.body, "messages": raw_messages}  # recorded with image ids; the bytes go beside it
@@ -178,7 +174,7 @@ def create_app(
         stops = req.stop_strings()
         messages = to_template_messages(raw_messages)
         prompt_text, prompt_ids, images = prompt(messages, tools, call.images)
-        params = completer.sampling(budget(req.token_budget(), len(prompt_ids), limits.default_max_tokens),
+        params = completer.sampling(budget(req.token_budget(), len(prompt_ids), serve.default_max_tokens),
                                     req.temperature, req.top_p)
         results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed,
                                            images=images)
@@ -199,7 +195,7 @@ def create_app(
         return response, fields, stream
 
     async def completion_work(request: Request, call: CallContext):
-        req = parse_request(CompletionRequest, await read_body(request, call, limits))
+        req = parse_request(CompletionRequest, await read_body(request, call, serve))
         check_model(req.model)
         if req.echo or req.suffix is not None or (req.best_of is not None and req.best_of != req.n):
             raise bad_request("echo, suffix and best_of are not supported", param="echo")
@@ -232,7 +228,7 @@ def create_app(
 
     def model_card() -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": 0, "owned_by": "trajlab",
-                "max_model_len": limits.max_context}
+                "max_model_len": context}
 
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
@@ -368,22 +364,22 @@ async def _unless_disconnected(request: Request, call: CallContext, work: Awaita
     return answer.result()
 
 
-async def read_body(request: Request, call: CallContext, limits: ServeLimits) -> Any:
-    """The decoded JSON body, kept on ``call`` for its record; 413 past ``max_body_bytes``, 408 when it does not
-    arrive within ``body_timeout_s``, 400 when malformed."""
-    max_bytes = limits.max_body_bytes
+async def read_body(request: Request, call: CallContext, serve: ServeSettings) -> Any:
+    """The decoded JSON body, kept on ``call`` for its record; 413 past ``serve.max_body_bytes``, 408 when it does not
+    arrive within ``serve.body_timeout_s``, 400 when malformed."""
+    max_bytes = serve.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(int(declared), max_bytes)
     body = bytearray()
     try:
-        async with asyncio.timeout(limits.body_timeout_s):
+        async with asyncio.timeout(serve.body_timeout_s):
             async for piece in request.stream():
                 body += piece
                 if len(body) > max_bytes:
                     raise _too_large(len(body), max_bytes)
     except TimeoutError as exc:
-        raise APIError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s ({len(body)} bytes "
+        raise APIError(408, f"the request body did not arrive within {serve.body_timeout_s:g} s ({len(body)} bytes "
                        "received)", code="request_timeout") from exc
     call.body_read.set()
     try:
@@ -397,6 +393,14 @@ async def read_body(request: Request, call: CallContext, limits: ServeLimits) ->
                           "character", code="invalid_json")
     call.body = parsed
     return call.body
+
+
+def _context_length(max_context: int | None, model_context: int) -> int:
+    """The tokens a request may use: ``max_context`` when set, never more than the model holds."""
+    if max_context is not None and max_context > model_context:
+        raise ValueError(f"serve.max_context {max_context} is longer than the model's context of {model_context} "
+                         "tokens: give at most that, or leave it unset")
+    return max_context or model_context
 
 
 def _finite_float(text: str) -> float:
@@ -427,8 +431,8 @@ def _lone_surrogate(value: Any) -> str | None:
 
 
 def _too_large(size: int, limit: int) -> APIError:
-    return APIError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes)",
-                    code="request_too_large")
+    return APIError(413, f"request body of {size} bytes exceeds the limit of {limit} bytes (--max-body-bytes, "
+                    "serve.max_body_bytes)", code="request_too_large")
 
 
 def _refuse_constant(name: str) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,79 +10,62 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
+from trajlab.config import ModelSettings, ServeSettings
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model, load_processor, load_tokenizer
-from trajlab.proxy.app import ServeLimits, create_app
+from trajlab.proxy.app import create_app
 from trajlab.proxy.recording import SessionRecorder
 from trajlab.proxy.upstream import UpstreamBackend, create_upstream_app
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything ``trajlab serve`` needs besides host and port."""
-
-    model: Path | None = None
-    upstream: str | None = None
-    """An OpenAI base URL to forward to instead of loading ``model`` (exactly one of the two)."""
-    served_model_name: str | None = None
-    record_dir: Path = Path("runs/serve/sessions")
-    parser: str = "auto"
-    max_batch_size: int = 32
-    max_body_bytes: int = 4 << 20
-    body_timeout_s: float = 30.0
-    prefix_cache_bytes: int = 1 << 30
-    """The hf generator's memory for key/value states kept between a session's calls (least recently used dropped
-    first): with the model's weights, what bounds the server's memory."""
-    device: str = "auto"
-    """``model.device`` and ``model.dtype`` (see :func:`trajlab.models.loading.load_model`)."""
-    dtype: str = "auto"
-    backend: str = "hf"
-    """What generates: hf (transformers on ``device``) or vllm (an in-process vLLM engine on its own platform)."""
-
-
-def build_app(config: ServeConfig) -> FastAPI:
+def build_app(serve: ServeSettings, model: ModelSettings, parser: str) -> FastAPI:
     """Load tokenizer, chat template, parser and model; one generator (``model.backend``: hf or vllm) serves every
     request. A vision-language model served with hf also gets its processor, so chat requests may hold images.
 
-    With ``upstream`` set nothing is loaded: calls are forwarded there and recorded (``proxy.upstream``).
+    With ``serve.upstream`` set nothing is loaded and ``model`` and ``parser`` are not read: calls are forwarded
+    there and recorded (``proxy.upstream``).
+
+    Args:
+        serve: the server's settings (the config's ``serve`` section).
+        model: what to serve: ``path``, loaded on ``device`` in ``dtype`` by ``backend``.
+        parser: the tool-call parser's name (``rollout.parser``).
 
     Raises:
         FileNotFoundError / OSError: the model directory cannot be loaded.
-        ValueError: unknown parser, or a chat template that rewrites history (``TemplateNotPrefixPreservingError``);
-            both or neither of ``model`` and ``upstream``.
+        ValueError: no ``model.path`` and no ``serve.upstream``; an upstream that is no http(s) URL; an unknown
+            parser; a chat template that rewrites history (``TemplateNotPrefixPreservingError``); a
+            ``serve.max_context`` longer than the model's.
     """
-    if (config.model is None) == (config.upstream is None):
-        raise ValueError("give exactly one of --model (serve a model directory) and --upstream (forward to a server)")
-    if config.upstream is not None:
-        if not is_server_url(config.upstream):
-            raise ValueError(f"--upstream must be an http(s) URL such as http://127.0.0.1:8001/v1, not "
-                             f"{config.upstream!r}")
-        limits = ServeLimits(max_body_bytes=config.max_body_bytes, body_timeout_s=config.body_timeout_s)
-        return create_upstream_app(UpstreamBackend(config.upstream), SessionRecorder(config.record_dir), limits)
-    tokenizer = load_tokenizer(config.model)
+    if serve.upstream is not None:
+        if not is_server_url(serve.upstream):
+            raise ValueError(f"--upstream (serve.upstream) must be an http(s) URL such as http://127.0.0.1:8001/v1, "
+                             f"not {serve.upstream!r}")
+        return create_upstream_app(UpstreamBackend(serve.upstream), SessionRecorder(serve.record_dir), serve)
+    if model.path is None:
+        raise ValueError("nothing to serve: give --model DIR (model.path) to serve a model directory, or --upstream "
+                         "URL (serve.upstream) to forward to a server")
+    tokenizer = load_tokenizer(model.path)
     template = resolve_chat_template(tokenizer)
-    parser = get_parser(config.parser, tokenizer)
-    name = config.served_model_name or Path(config.model).resolve().name
-    processor = load_processor(config.model) if config.backend == "hf" else None  # vllm gets no images from us
-    generator, model_config = _generator(config, tokenizer, name, processor)
+    tool_parser = get_parser(parser, tokenizer)
+    name = serve.served_model_name or Path(model.path).resolve().name
+    processor = load_processor(model.path) if model.backend == "hf" else None  # vllm gets no images from us
+    generator, model_config = _generator(serve, model, tokenizer, name, processor)
     text_config = model_config.get_text_config()  # a vision-language model's context is its text model's
     context = int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
-    limits = ServeLimits(max_body_bytes=config.max_body_bytes, max_context=context,
-                         body_timeout_s=config.body_timeout_s)
-    return create_app(generator, tokenizer, template, parser, name, SessionRecorder(config.record_dir), limits,
-                      processor)
+    return create_app(generator, tokenizer, template, tool_parser, name, SessionRecorder(serve.record_dir), serve,
+                      context, processor)
 
 
-def _generator(config: ServeConfig, tokenizer: PreTrainedTokenizerBase, name: str,
+def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrainedTokenizerBase, name: str,
                processor: Any) -> tuple[Generator, Any]:
     """The model directory on the chosen backend, and its config (for the context length)."""
-    if config.backend == "vllm":
+    if model.backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
 
-        generator = VLLMGenerator(config.model, max_batch_size=config.max_batch_size, name=name,
-                                  engine_args=None if config.dtype == "auto" else {"dtype": config.dtype})
-        return generator, AutoConfig.from_pretrained(config.model, local_files_only=True)
-    model = load_model(config.model, device=config.device, dtype=config.dtype)
-    return HFGenerator(model, tokenizer, max_batch_size=config.max_batch_size, name=name,
-                       prefix_cache_bytes=config.prefix_cache_bytes, processor=processor), model.config
+        generator = VLLMGenerator(model.path, max_batch_size=serve.max_batch_size, name=name,
+                                  engine_args=None if model.dtype == "auto" else {"dtype": model.dtype})
+        return generator, AutoConfig.from_pretrained(model.path, local_files_only=True)
+    loaded = load_model(model.path, device=model.device, dtype=model.dtype)
+    return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name,
+                       prefix_cache_bytes=serve.prefix_cache_mb << 20, processor=processor), loaded.config

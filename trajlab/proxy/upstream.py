@@ -18,7 +18,8 @@ from typing import Any
 import httpx2 as httpx
 from fastapi import FastAPI, Request
 
-from trajlab.proxy.app import CallContext, ServeLimits, openai_app, read_body
+from trajlab.config import ServeSettings
+from trajlab.proxy.app import CallContext, openai_app, read_body
 from trajlab.proxy.errors import APIError, bad_request
 from trajlab.proxy.recording import SessionRecorder
 from trajlab.proxy.streaming import chat_chunks, completion_chunks
@@ -66,14 +67,15 @@ class UpstreamBackend:
         await self.client.aclose()
 
 
-def create_upstream_app(
-    backend: UpstreamBackend, recorder: SessionRecorder, limits: ServeLimits | None = None,
-) -> FastAPI:
-    """The recording server in front of ``backend``: same routes, sessions, errors and records as ``create_app``."""
-    limits = limits or ServeLimits()
+def create_upstream_app(backend: UpstreamBackend, recorder: SessionRecorder, serve: ServeSettings) -> FastAPI:
+    """The recording server in front of ``backend``: same routes, sessions, errors and records as ``create_app``.
+
+    Of ``serve`` only the body limits apply (``max_body_bytes``, ``body_timeout_s``): the upstream has its own
+    context and token budget.
+    """
 
     async def request_body(request: Request, call: CallContext) -> dict[str, Any]:
-        body = await read_body(request, call, limits)
+        body = await read_body(request, call, serve)
         if not isinstance(body, dict):
             raise bad_request("the request body must be a JSON object")
         if not isinstance(body.get("model"), str):
