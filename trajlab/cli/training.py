@@ -17,18 +17,18 @@ ModelDir = Annotated[Path | None, typer.Option("--model", help="Model directory 
 Resume = Annotated[bool, typer.Option(help="Continue from the newest checkpoint in OUT.")]
 
 
-def dataset(
+@config_options("dataset.include_failures", "dataset.shortest_per_task", "dataset.max_tokens")
+def dataset_command(
     kind: Annotated[Literal["sft", "rl", "preference"], typer.Option(
         help="sft: demonstrations; rl: the distinct tasks to roll out; preference: (success, failure) pairs for DPO.")],
     sources: Annotated[list[Path], typer.Option("--from", help="Trajectory file (JSONL); repeat to combine files.")],
     out: Annotated[Path, typer.Option(help="Output: FILE.jsonl, FILE.parquet, or a directory (save_to_disk).")],
     format: Annotated[Literal["disk", "jsonl", "parquet"] | None, typer.Option(
         "--format", help="Output format (default: from OUT's suffix).")] = None,
-    include_failures: Annotated[bool | None, setting("dataset.include_failures")] = None,
-    shortest_per_task: Annotated[bool | None, setting("dataset.shortest_per_task")] = None,
-    max_tokens: Annotated[int | None, setting("dataset.max_tokens", min=1)] = None,
     config: ConfigFile = None,
     sets: Sets = None,
+    *,
+    given: dict[str, Any],
 ) -> None:
     """Turn trajectory files into a Hugging Face dataset for SFT, RL or preference training.
 
@@ -39,11 +39,9 @@ def dataset(
     from trajlab.data.datasets import preference_dataset, rl_dataset, save_dataset, sft_dataset
     from trajlab.data.store import read_trajectories
 
-    if kind != "sft" and (include_failures is not None or shortest_per_task is not None or max_tokens is not None):
+    if kind != "sft" and any(value is not None for value in given.values()):
         raise usage_error("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
-    shaping = load(config, sets, {"dataset.include_failures": include_failures,
-                                  "dataset.shortest_per_task": shortest_per_task,
-                                  "dataset.max_tokens": max_tokens}).dataset
+    shaping = load(config, sets, given).dataset
     trajectories = [t for source in sources for t in read_trajectories(source)]
     if not trajectories:
         raise ValueError(f"no trajectories in {', '.join(map(str, sources))}: nothing to build a dataset from "
