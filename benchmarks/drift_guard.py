@@ -23,7 +23,8 @@ from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.loading import load_tokenizer
 from trajlab.models.tiny import init_tiny_model
 from trajlab.rollout.drift import check_token_drift
-from trajlab.rollout.engine import Episode, make_engine
+from trajlab.rollout.engine import make_engine
+from trajlab.rollout.runner import Episode
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
 
     model = Path(tempfile.gettempdir()) / "trajlab-drift-guard" / "tiny"
     if not (model / "config.json").exists():
-        init_tiny_model(model, overwrite=True)
+        init_tiny_model(model, overwrite=True, seed=0)
     tokenizer = load_tokenizer(model)
     template = resolve_chat_template(tokenizer)
     tool_parser = get_parser("auto", tokenizer)
@@ -47,15 +48,15 @@ def main() -> None:
         tasks = itertools.cycle(env.iter_tasks("train", 0))  # small envs repeat their tasks
         episodes = [Episode(f"{name}:{i}", next(tasks), split="train") for i in range(args.episodes)]
         engine = make_engine(env, ScriptedGenerator(env.oracle, tokenizer, template), tokenizer,
-                             chat_template=template, parser=tool_parser)
+                             chat_template=template, parser=tool_parser, seed=0)
         started = time.perf_counter()
         with engine:
-            trajectories = asyncio.run(engine.run(episodes, concurrency=64))
+            trajectories = asyncio.run(engine.run(episodes, concurrency=64, retries=0, retry_backoff_s=1.0))
         rollout_s = time.perf_counter() - started
         times = []
         for _ in range(args.repeats):
             started = time.perf_counter()
-            kept, drifts = check_token_drift(trajectories, tokenizer, template, tool_parser)
+            kept, drifts = check_token_drift(trajectories, tokenizer, template, tool_parser, max_drift=0.0)
             times.append(time.perf_counter() - started)
         assert not drifts and len(kept) == len(trajectories)
         turns = sum(t.metrics["turns"] for t in trajectories) / len(trajectories)

@@ -24,7 +24,8 @@ from trajlab.chat.parsers import get_parser
 from trajlab.env.registry import load_env
 from trajlab.inference.policy import load_policy
 from trajlab.models.tiny import init_tiny_model
-from trajlab.rollout.engine import Episode, make_engine
+from trajlab.rollout.engine import make_engine
+from trajlab.rollout.runner import Episode
 
 
 def episodes(env_name: str, count: int) -> list[Episode]:
@@ -36,12 +37,13 @@ def episodes(env_name: str, count: int) -> list[Episode]:
 def in_process(env_name: str, model_dir: Path, count: int) -> tuple[float, float, int]:
     """Wall seconds, turns per episode and status counts of ``count`` concurrent episodes in this process."""
     env = load_env(env_name)
-    policy = load_policy("oracle", tokenizer=model_dir, oracle=env.oracle)
+    policy = load_policy("oracle", tokenizer=model_dir, oracle=env.oracle, device="auto", dtype="auto", backend="hf",
+                         max_batch_size=32)
     engine = make_engine(env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                         parser=get_parser("auto", policy.tokenizer))
+                         parser=get_parser("auto", policy.tokenizer), seed=0)
     planned = episodes(env_name, count)
     began = time.perf_counter()
-    done = asyncio.run(engine.run(planned, concurrency=count))
+    done = asyncio.run(engine.run(planned, concurrency=count, retries=0, retry_backoff_s=1.0))
     wall = time.perf_counter() - began
     engine.close()
     return wall, sum(t.metrics.get("turns", 0.0) for t in done) / len(done), sum(t.status == "success" for t in done)
@@ -60,7 +62,7 @@ def on_workers(env_name: str, model_dir: Path, count: int, workers: int, run_dir
     runner = RayRolloutRunner(spec, run_dir=run_dir)
     started = time.perf_counter()
     try:
-        done = asyncio.run(runner.run(episodes(env_name, count), concurrency=count))
+        done = asyncio.run(runner.run(episodes(env_name, count), concurrency=count, retries=0, retry_backoff_s=1.0))
     finally:
         ended = time.perf_counter()
         runner.close()

@@ -114,10 +114,11 @@ def main() -> None:
                for i in range(args.requests)]
 
     def server_app(recorder: SessionRecorder) -> Any:
-        return create_app(HFGenerator(model, tokenizer), tokenizer, template, get_parser("auto", tokenizer), MODEL,
-                          recorder, ServeSettings(), model.config.max_position_embeddings)
+        return create_app(HFGenerator(model, tokenizer, max_batch_size=32), tokenizer, template,
+                          get_parser("auto", tokenizer), MODEL, recorder, ServeSettings(),
+                          model.config.max_position_embeddings)
 
-    generator = HFGenerator(model, tokenizer)
+    generator = HFGenerator(model, tokenizer, max_batch_size=32)
 
     async def direct(client: None, i: int) -> None:
         await generator.generate(GenerationRequest(prompt_ids=prompts[i], params=params))

@@ -32,8 +32,9 @@ def test_in_memory_tasks_and_a_built_policy(tiny_model_dir):
     from trajlab.inference.policy import load_policy
 
     spec = load_env("arithmetic")
-    tasks = [task for _, task in zip(range(3), spec.iter_tasks("test"), strict=False)]
-    policy = load_policy("oracle", oracle=spec.oracle, tokenizer=tiny_model_dir)
+    tasks = [task for _, task in zip(range(3), spec.iter_tasks("test", seed=0), strict=False)]
+    policy = load_policy("oracle", oracle=spec.oracle, tokenizer=tiny_model_dir, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
     report = trajlab.evaluate(spec, policy, tasks=tasks)
     assert report.episodes == 3 and report.success_rate == 1.0
     assert {row.task_id for row in report.tasks} == {str(t["task_id"]) for t in tasks}

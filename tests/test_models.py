@@ -206,12 +206,12 @@ def test_tokenizer_training_is_deterministic(tok) -> None:
 
 def test_init_refuses_to_clobber(tiny_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        init_tiny_model(tiny_dir)
+        init_tiny_model(tiny_dir, seed=0)
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="config.json"):
-        init_tiny_model(precious, overwrite=True)
+        init_tiny_model(precious, overwrite=True, seed=0)
     assert (precious / "notes.txt").read_text() == "keep me"
     replaced = tmp_path / "again"
     shutil.copytree(tiny_dir, replaced)

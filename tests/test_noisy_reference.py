@@ -70,10 +70,10 @@ def test_the_noisy_reference_errs_the_same_way_in_the_same_situation_and_never_a
     answers = {_call(NoisyReference(spec.oracle, lambda task: spec.tools, 0.5, seed=seed)(task, start))[1]["n"]
                for seed in range(40)}
     assert 50 in answers and len(answers) > 2  # other seeds, other blind spots
-    clean = NoisyReference(spec.oracle, lambda task: spec.tools, 0.0)
+    clean = NoisyReference(spec.oracle, lambda task: spec.tools, 0.0, seed=0)
     assert all(_call(clean(task, start + [{"role": "user", "content": str(i)}]))[1] == {"n": 50} for i in range(50))
     with pytest.raises(ValueError, match="from 0 to 1"):
-        NoisyReference(spec.oracle, lambda task: spec.tools, 1.5)
+        NoisyReference(spec.oracle, lambda task: spec.tools, 1.5, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -195,12 +195,12 @@ def test_same_seed_same_weights_other_seed_other_weights(vl_dir: Path, tmp_path:
 
 def test_init_refuses_to_clobber(vl_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        init_tiny_vision_model(vl_dir)
+        init_tiny_vision_model(vl_dir, seed=0)
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="config.json"):
-        init_tiny_vision_model(precious, overwrite=True)
+        init_tiny_vision_model(precious, overwrite=True, seed=0)
     assert (precious / "notes.txt").read_text() == "keep me"
 
 

@@ -20,7 +20,8 @@ from trajlab.chat.template import (
 from trajlab.env import Environment, tool_call_message
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 class Dictionary(Environment):
@@ -53,7 +54,8 @@ def scripted_policy(task, messages):
 def run_episode(tokenizer, template):
     spec = EnvSpec(name="dictionary", env_cls=Dictionary, system_prompt="You know words.")
     generator = ScriptedGenerator(scripted_policy, tokenizer, template, name="scripted")
-    engine = RolloutEngine(spec, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer))
+    engine = RolloutEngine(spec, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
+                           seed=0)
     return asyncio.run(engine.run_episode(Episode("e", {})))
 
 

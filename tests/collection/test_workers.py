@@ -20,7 +20,8 @@ from trajlab.errors import UserError
 from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
-from trajlab.rollout.engine import Episode, make_engine
+from trajlab.rollout.engine import make_engine
+from trajlab.rollout.runner import Episode
 
 from ..rollout.dying_env import ARITHMETIC, arm
 
@@ -39,10 +40,10 @@ def episodes():
 @pytest.fixture(scope="module")
 def in_process(tiny_model_dir, episodes):
     """The same episodes on the in-process engine: what the workers must reproduce, token for token."""
-    policy = load_policy(str(tiny_model_dir), device="cpu")
+    policy = load_policy(str(tiny_model_dir), device="cpu", dtype="auto", backend="hf", max_batch_size=32)
     with make_engine(ARITHMETIC, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                      parser=get_parser("auto", policy.tokenizer), sampling=SAMPLING, limits=LIMITS, seed=3) as engine:
-        return {t.id: t for t in asyncio.run(engine.run(episodes))}
+        return {t.id: t for t in asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0))}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,8 @@ def same_episode(remote, local) -> None:
 
 def test_workers_give_the_in_process_trajectories_token_for_token(runner, episodes, in_process):
     streamed = []
-    trajectories = asyncio.run(runner.run(episodes, concurrency=8, on_result=streamed.append))
+    trajectories = asyncio.run(runner.run(episodes, concurrency=8, on_result=streamed.append, retries=0,
+                                          retry_backoff_s=1.0))
     assert sorted(t.id for t in streamed) == sorted(t.id for t in trajectories) == sorted(in_process)
     for trajectory in trajectories:
         same_episode(trajectory, in_process[trajectory.id])
@@ -90,7 +92,7 @@ def test_workers_give_the_in_process_trajectories_token_for_token(runner, episod
 def test_a_worker_killed_mid_run_loses_and_duplicates_nothing(runner, marker, episodes, in_process):
     pids = runner.pids()
     marker.unlink()  # an episode's reset now SIGKILLs its worker, with the others it holds in flight
-    kept = asyncio.run(runner.run(episodes, concurrency=8, retries=0))
+    kept = asyncio.run(runner.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0))
     assert marker.exists(), "a worker was killed"
     assert sorted(t.id for t in kept) == sorted(in_process), "each episode exactly once"
     lost = [t for t in kept if t.status == "error"]
@@ -117,7 +119,7 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
     candidates = [{SYSTEM_PROMPT: "Compute with the tools, then submit.", "tool:add": "Sum of a and b."},
                   {SYSTEM_PROMPT: "Submit the answer."}]
     batch = [episode.task for episode in episodes[:4]]
-    policy = load_policy(str(tiny_model_dir), device="cpu")
+    policy = load_policy(str(tiny_model_dir), device="cpu", dtype="auto", backend="hf", max_batch_size=32)
     engine = make_engine(ARITHMETIC, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                          parser=get_parser("auto", policy.tokenizer), sampling=SAMPLING, limits=LIMITS, seed=3)
     runs = {}

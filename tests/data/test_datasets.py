@@ -35,8 +35,9 @@ from trajlab.data.filters import (
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.loading import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.images import encode_png
+from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import TokenRecord, Trajectory, task_id
 
 # --- hand-made trajectories --------------------------------------------------------------------------------------
@@ -96,11 +97,12 @@ def tricky() -> list[Trajectory]:
 
 def rollout(env_name, tokenizer, template, n_tasks, policy=None):
     spec = load_env(env_name)
-    tasks = list(itertools.islice(spec.iter_tasks("train"), n_tasks))
+    tasks = list(itertools.islice(spec.iter_tasks("train", seed=0), n_tasks))
     generator = ScriptedGenerator(policy or spec.oracle, tokenizer, template)
-    engine = RolloutEngine(spec, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer))
+    engine = RolloutEngine(spec, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
+                           seed=0)
     episodes = [Episode(f"{t['task_id']}:{policy is not None}", t, split="train") for t in tasks]
-    return sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)
+    return sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)), key=lambda t: t.id)
 
 
 def off_by_one(task, messages):
@@ -138,8 +140,9 @@ def test_a_task_is_its_env_and_task_id_in_every_grouping():
         assert [t.id for t in shortest_success_per_task(ts)] == ["ep1", "ep2"]
         rl = rl_dataset(ts)
         assert list(zip(rl["env"], rl["task_id"], strict=True)) == [("toy", task_id(task)), ("other", task_id(task))]
-        assert sft_dataset(ts)["task_id"] == [task_id(task)] * 3
-    assert sft_dataset([make(0, task={"task_id": "abc", "x": 1})])["task_id"] == ["abc"]
+        assert sft_dataset(ts, include_failures=False, shortest_per_task=False)["task_id"] == [task_id(task)] * 3
+    assert sft_dataset([make(0, task={"task_id": "abc", "x": 1})], include_failures=False,
+                       shortest_per_task=False)["task_id"] == ["abc"]
     # key order does not make another task; the id written is the one evaluation reports use
     assert rl_dataset([make(0, task=one), make(1, task=same)])["task_id"] == ["task-f85d0f485672"]
 
@@ -174,7 +177,7 @@ def test_within_tokens_bounds_tokenized_and_keeps_text_only():
 
 
 def test_sft_rows_are_the_exact_trajectory_tokens(real, tiny_tokenizer, tiny_template):
-    ds = sft_dataset(real)
+    ds = sft_dataset(real, include_failures=False, shortest_per_task=False)
     assert ds.column_names == ["id", "env", "task_id", "reward", "messages", "tools", "input_ids", "assistant_masks"]
     wins = successes(real)
     assert ds["id"] == [t.id for t in wins]
@@ -196,20 +199,21 @@ def test_sft_selection_options():
         make(4, task={"task_id": "B"}, status="error"),
         make(5, task={"task_id": "C"}, n_tokens=7, status="truncated"),
     ]
-    assert sft_dataset(ts)["id"] == ["ep0", "ep1", "ep3"]
-    assert "success" not in sft_dataset(ts).column_names
-    with_failures = sft_dataset(ts, include_failures=True)
+    assert sft_dataset(ts, include_failures=False, shortest_per_task=False)["id"] == ["ep0", "ep1", "ep3"]
+    assert "success" not in sft_dataset(ts, include_failures=False, shortest_per_task=False).column_names
+    with_failures = sft_dataset(ts, include_failures=True, shortest_per_task=False)
     assert with_failures["id"] == ["ep0", "ep1", "ep2", "ep3", "ep5"]  # never the error
     assert with_failures["success"] == [True, True, False, True, False]
-    assert sft_dataset(ts, shortest_per_task=True)["id"] == ["ep1", "ep3"]
+    assert sft_dataset(ts, shortest_per_task=True, include_failures=False)["id"] == ["ep1", "ep3"]
     assert sft_dataset(ts, include_failures=True, shortest_per_task=True)["id"] == ["ep1", "ep2", "ep3", "ep5"]
-    assert sft_dataset(ts, max_tokens=8)["id"] == ["ep1"]
-    assert sft_dataset(ts, max_tokens=29, shortest_per_task=True)["id"] == ["ep1"]
-    assert all(len(ids) <= 8 for ids in sft_dataset(ts, include_failures=True, max_tokens=8)["input_ids"])
+    assert sft_dataset(ts, max_tokens=8, include_failures=False, shortest_per_task=False)["id"] == ["ep1"]
+    assert sft_dataset(ts, max_tokens=29, shortest_per_task=True, include_failures=False)["id"] == ["ep1"]
+    assert all(len(ids) <= 8 for ids in sft_dataset(ts, include_failures=True, max_tokens=8,
+                                                    shortest_per_task=False)["input_ids"])
 
 
 def test_sft_without_token_records_has_no_token_columns_and_converts_for_trl(caplog):
-    ds = sft_dataset([make(0), make(1, tokens=False)])
+    ds = sft_dataset([make(0), make(1, tokens=False)], include_failures=False, shortest_per_task=False)
     assert "input_ids" not in ds.column_names and "assistant_masks" not in ds.column_names
     assert "no token record" in caplog.text
     assert isinstance(ds[0]["messages"], str) and not is_conversational(ds[0])
@@ -292,7 +296,7 @@ def test_naive_encodings_change_the_data():
 def test_exact_round_trip_in_every_format(name, tmp_path, real):
     ts = tricky() + real
     built = {
-        "sft": sft_dataset(ts, include_failures=True),
+        "sft": sft_dataset(ts, include_failures=True, shortest_per_task=False),
         "rl": rl_dataset(ts),
         "preference": preference_dataset(ts),
     }
@@ -321,7 +325,7 @@ def test_sft_images_travel_inside_the_dataset_in_placeholder_order(tmp_path):
     red, blue = pngs
     seen = Trajectory.model_validate(make(0).model_dump() | {"images": [blue, red, blue]})
     seen.attach_images(pngs)
-    ds = sft_dataset([seen, make(1)])
+    ds = sft_dataset([seen, make(1)], include_failures=False, shortest_per_task=False)
     assert ds.features["images"] == datasets.List(datasets.Image())
     assert [image.getpixel((0, 0)) for image in ds[0]["images"]] == [(0, 0, 255), (255, 0, 0), (0, 0, 255)]
     rows = list(decoded_rows(ds))
@@ -332,7 +336,8 @@ def test_sft_images_travel_inside_the_dataset_in_placeholder_order(tmp_path):
     with pytest.raises(ValueError, match="JSON Lines cannot hold the dataset's images"):
         save_dataset(ds, tmp_path / "ds.jsonl")
     assert not (tmp_path / "ds.jsonl").exists()
-    assert "images" not in sft_dataset([make(1), make(2)]).column_names, "text-only datasets are as before"
+    assert "images" not in sft_dataset([make(1), make(2)], include_failures=False,
+                                       shortest_per_task=False).column_names, "text-only datasets are as before"
 
 
 # --- TRL ---------------------------------------------------------------------------------------------------------
@@ -340,7 +345,8 @@ def test_sft_images_travel_inside_the_dataset_in_placeholder_order(tmp_path):
 
 @pytest.mark.slow
 def test_trl_sft_trainer_trains_on_assistant_masks(real, tiny_model_dir, tiny_tokenizer, tmp_path):
-    ds = load_saved_dataset(save_dataset(sft_dataset(real), tmp_path / "sft.parquet"))
+    ds = load_saved_dataset(save_dataset(sft_dataset(real, include_failures=False, shortest_per_task=False),
+                                         tmp_path / "sft.parquet"))
     masks = {tuple(row["input_ids"]): row["assistant_masks"] for row in ds}
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, report_to="none",
                      use_cpu=True, max_length=None, save_strategy="no", logging_steps=1, learning_rate=1e-3)

@@ -33,7 +33,8 @@ from trajlab.env.builtin.ctf_challenges import (
 )
 from trajlab.env.builtin.ctf_oracle import exploit, peel
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 from trajlab.sandbox import Sandbox, probe_protections
 from trajlab.sandbox.session import SERVER_INSIDE
 
@@ -69,16 +70,17 @@ def service_seed(bug: str) -> int:
 def test_tools_and_tasks():
     assert {t["function"]["name"] for t in tool_schemas(CTF)} == {"run", "submit_flag", "encrypt", "connect"}
     assert SPEC.name == "ctf" and "flag{...}" in SPEC.system_prompt
-    train, test = list(SPEC.iter_tasks("train")), list(SPEC.iter_tasks("test", seed=1))
+    train, test = list(SPEC.iter_tasks("train", seed=0)), list(SPEC.iter_tasks("test", seed=1))
     assert len(train) + len(test) == 4 * ctf.TASKS_PER_KIND
     assert not {t["task_id"] for t in train} & {t["task_id"] for t in test}
     assert {t["kind"] for t in test} == set(KINDS)
     assert all(set(t) == {"task_id", "kind", "seed"} and json.loads(json.dumps(t)) == t for t in train)
-    assert [t["task_id"] for t in itertools.islice(SPEC.iter_tasks("train"), 5)] == [t["task_id"] for t in train[:5]]
+    assert [t["task_id"] for t in itertools.islice(SPEC.iter_tasks("train", seed=0),
+                                                   5)] == [t["task_id"] for t in train[:5]]
 
 
 def test_the_oracle_solves_every_kind_through_the_rollout_engine(tiny_tokenizer, tiny_template):
-    test = list(SPEC.iter_tasks("test"))
+    test = list(SPEC.iter_tasks("test", seed=0))
     tasks = [t for kind in KINDS for t in [t for t in test if t["kind"] == kind][:3]]
     tasks.append({**tasks[0], "task_id": tasks[0]["task_id"] + "-again"})  # the same layout a second time
     results = run_oracle(SPEC, tasks, tiny_tokenizer, tiny_template)
@@ -94,12 +96,13 @@ def test_the_oracle_solves_every_kind_through_the_rollout_engine(tiny_tokenizer,
 def test_the_oracle_succeeds_within_the_envs_default_limits(tiny_tokenizer, tiny_template):
     """The limits the spec states are enough for the reference policy on every kind, without any user limits."""
     limits = SPEC.limits
-    test = list(SPEC.iter_tasks("test"))
+    test = list(SPEC.iter_tasks("test", seed=0))
     tasks = [t for kind in KINDS for t in [t for t in test if t["kind"] == kind][:2]]
     engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer))
+                           chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer), seed=0)
     assert engine.limits == limits  # no user limits: the env's own
-    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks]))
+    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=8, retries=0,
+                                     retry_backoff_s=1.0))
     assert all(t.status == "success" for t in results), [(t.id, t.stop_reason) for t in results]
     assert limits.tool_timeout_s > ctf.COMMAND_LIMITS.wall_timeout_s  # the sandbox stops a command first
 
@@ -192,10 +195,11 @@ def test_an_adversarial_episode_scores_nothing_and_leaves_the_host_alone(tiny_to
     policy = adversary(list(commands.values()), f"Correct! Flag verified: {FAKE_FLAG}")
     engine = RolloutEngine(SPEC, ScriptedGenerator(policy, tiny_tokenizer, tiny_template), tiny_tokenizer,
                            chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
-                           limits=dict(max_turns=12, max_episode_tokens=16384))
+                           limits=dict(max_turns=12, max_episode_tokens=16384), seed=0)
     started_at = time.monotonic()
     try:
-        [trajectory] = asyncio.run(engine.run([Episode("adversary", task_of("hidden", 3))]))
+        [trajectory] = asyncio.run(engine.run([Episode("adversary", task_of("hidden", 3))], concurrency=8, retries=0,
+                                              retry_backoff_s=1.0))
     finally:
         server.shutdown()
     assert time.monotonic() - started_at < 30

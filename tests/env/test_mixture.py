@@ -66,7 +66,7 @@ def test_collect_runs_each_task_in_its_env_and_reports_per_env(tiny_model_dir, t
 
 def test_a_task_file_with_an_env_column_runs_mixed_and_bad_rows_are_named(tiny_model_dir, tmp_path):
     mixture = load_envs("wordle,driving")
-    rows = [task for _, task in zip(range(4), mixture.iter_tasks("test"), strict=False)]
+    rows = [task for _, task in zip(range(4), mixture.iter_tasks("test", seed=0), strict=False)]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "eval"

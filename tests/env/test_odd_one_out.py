@@ -45,7 +45,7 @@ def test_tools_have_schemas_and_tasks_are_json():
     assert set(schemas) == {"look", "answer"}
     assert schemas["look"]["parameters"]["properties"] == {}
     assert set(schemas["answer"]["parameters"]["required"]) == {"row", "col"}
-    task = next(SPEC.iter_tasks("train"))
+    task = next(SPEC.iter_tasks("train", seed=0))
     assert json.loads(json.dumps(task)) == task
 
 
@@ -87,7 +87,7 @@ def test_splits_are_disjoint_seeded_and_cover_every_task():
     assert shares["train"] == pytest.approx(0.7, abs=0.05) and shares["validation"] == pytest.approx(0.1, abs=0.03)
     assert sorted(t["task_id"] for t in SPEC.iter_tasks("test", seed=3)) == sorted(splits["test"])
     assert [t["task_id"] for t in itertools.islice(SPEC.iter_tasks("test", seed=3), 20)] != splits["test"][:20]
-    assert {t["size"] for t in SPEC.iter_tasks("test")} == {3, 4}
+    assert {t["size"] for t in SPEC.iter_tasks("test", seed=0)} == {3, 4}
 
 
 def test_no_text_the_model_reads_says_where_the_odd_cell_is():
@@ -143,14 +143,15 @@ def test_reset_refuses_an_impossible_grid(change, message):
 
 @pytest.mark.parametrize("split", SPEC.splits)
 def test_the_reference_policy_solves_every_task_of_a_split(split):
-    envs = [play(oracle, task) for task in SPEC.iter_tasks(split)]
+    envs = [play(oracle, task) for task in SPEC.iter_tasks(split, seed=0)]
     assert envs and all(env.reward == 1.0 and env.success for env in envs)
     assert all(env.metrics["looks"] == 1 for env in envs)
 
 
 def test_the_reference_policy_succeeds_through_the_rollout_engine(tiny_vision_dir):
-    tasks = list(itertools.islice(SPEC.iter_tasks("test"), 24))
-    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=SPEC.oracle)
+    tasks = list(itertools.islice(SPEC.iter_tasks("test", seed=0), 24))
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=SPEC.oracle, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
     results = run_oracle(SPEC, tasks, policy.tokenizer, policy.chat_template, processor=policy.processor)
     assert all(t.status == "success" and t.reward == 1.0 for t in results), [(t.id, t.status) for t in results]
     assert all(t.metrics["tool_errors"] == 0 and t.metrics["parse_errors"] == 0 for t in results)

@@ -35,7 +35,7 @@ def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
     from trl import GRPOTrainer
 
     spec = load_env(name)
-    dataset = trl_dataset(spec, split="train", size=8)
+    dataset = trl_dataset(spec, split="train", size=8, seed=0)
     scored = []
 
     def recording_reward(environments, **kwargs):
@@ -68,7 +68,7 @@ def test_a_mixture_is_a_trl_dict_environment_factory_routed_by_its_environment_c
     from trl import GRPOTrainer
 
     mixture = load_envs("arithmetic,wordle")
-    dataset = trl_dataset(mixture, split="train", size=8)
+    dataset = trl_dataset(mixture, split="train", size=8, seed=0)
     assert dataset["environment"][:4] == ["arithmetic", "wordle", "arithmetic", "wordle"]
     scored = []
 

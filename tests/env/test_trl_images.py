@@ -44,7 +44,7 @@ def test_the_trl_class_keeps_the_tools_and_gives_images_as_content_blocks() -> N
     # TRL derives each schema from the bound method (get_json_schema), so those must match too.
     for name in tool_names(cls):
         assert get_json_schema(getattr(env, name)) == get_json_schema(getattr(original, name))
-    task = next(spec.iter_tasks("train"))
+    task = next(spec.iter_tasks("train", seed=0))
     assert env.reset(**task) == original.reset(**task)
     [part] = env.look()
     assert part["type"] == "image" and part["image"].size == (IMAGE_PX, IMAGE_PX)
@@ -139,7 +139,7 @@ def _run_step(spec: EnvSpec, vision_dir: Path, out: Path, *, max_completion_leng
         return env_reward(environments, **kwargs)
 
     trainer = GRPOTrainer(model=model, reward_funcs=[recording_reward], args=_config(out, max_completion_length),
-                          train_dataset=trl_dataset(spec, split="train", size=4),
+                          train_dataset=trl_dataset(spec, split="train", size=4, seed=0),
                           processing_class=trl_processing_class(processor, model),
                           environment_factory=trl_environment_factory(spec))
     try:

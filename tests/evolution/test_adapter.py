@@ -38,7 +38,7 @@ def tasks(split: str, n: int, skip: int = 0) -> list[dict[str, Any]]:
 def make_adapter(tokenizer, template, policy=oracle, env: EnvSpec = ARITHMETIC) -> TrajlabAdapter:
     generator = ScriptedGenerator(policy, tokenizer, template, name="scripted")
     engine = RolloutEngine(env, generator, tokenizer, chat_template=template, parser=get_parser("auto", tokenizer),
-                           limits=dict(max_turns=4))
+                           limits=dict(max_turns=4), seed=0)
     return TrajlabAdapter(engine, weights=None, rollout=RolloutSettings())
 
 

@@ -12,7 +12,8 @@ from trajlab.env.builtin.arithmetic import SPEC as ARITHMETIC
 from trajlab.env.mixture import load_envs
 from trajlab.env.prompts import apply_candidate, prompt_tag, prompted, read_prompt_file
 from trajlab.inference.scripted import ScriptedGenerator
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 def described(env, tool: str) -> str:
@@ -63,8 +64,9 @@ def test_an_env_offering_tools_per_episode_shows_the_evolved_descriptions(tiny_t
     def first_prompt(spec):
         engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tiny_tokenizer, tiny_template), tiny_tokenizer,
                                chat_template=tiny_template, parser=get_parser("auto", tiny_tokenizer),
-                               limits=dict(max_turns=1, max_episode_tokens=80000))
-        (episode,) = asyncio.run(engine.run([Episode("bfcl-0", next(spec.iter_tasks("train", 0)))]))
+                               limits=dict(max_turns=1, max_episode_tokens=80000), seed=0)
+        (episode,) = asyncio.run(engine.run([Episode("bfcl-0", next(spec.iter_tasks("train", 0)))], concurrency=8,
+                                            retries=0, retry_backoff_s=1.0))
         return episode
 
     plain = first_prompt(BFCL)

@@ -98,7 +98,8 @@ def test_the_docs_config_runs_and_resumes_after_being_killed(tmp_path):
 def test_policy_and_reflection_both_behind_trajlab_serve(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
     """The docs' server recipe with ``trajlab serve`` standing in for vLLM: token-in/token-out policy turns over
     ``/v1/completions`` and reflection over ``/v1/chat/completions``, both recorded by the server."""
-    server = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
+    server = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32), tiny_tokenizer,
+                        tiny_template,
                         get_parser("auto", tiny_tokenizer), "tiny", SessionRecorder(tmp_path / "sessions"),
                         ServeSettings(), tiny_tokenizer.model_max_length)
     with running(server) as url:

@@ -16,7 +16,8 @@ SHORT = EvolveSettings(reflection_max_new_tokens=8)
 
 
 def test_a_server_reflects_through_chat_completions(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
-    app = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer), tiny_tokenizer, tiny_template,
+    app = create_app(HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32), tiny_tokenizer,
+                     tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path), ServeSettings(),
                      tiny_tokenizer.model_max_length)
     with running(app) as url:

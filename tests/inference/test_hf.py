@@ -10,19 +10,21 @@ from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_dir, tiny_tokenizer, tiny_template):
     model = load_model(tiny_model_dir)
-    generator = HFGenerator(model, tiny_tokenizer)
+    generator = HFGenerator(model, tiny_tokenizer, max_batch_size=32)
     spec = load_env("arithmetic")
     engine = RolloutEngine(spec, generator, tiny_tokenizer, chat_template=tiny_template,
                            parser=get_parser("auto", tiny_tokenizer),
                            sampling=SamplingParams(temperature=1.0),
-                           limits=dict(max_turns=2, max_new_tokens=24))
-    tasks = list(itertools.islice(spec.iter_tasks("test"), 6))
-    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=6))
+                           limits=dict(max_turns=2, max_new_tokens=24), seed=0)
+    tasks = list(itertools.islice(spec.iter_tasks("test", seed=0), 6))
+    results = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=6, retries=0,
+                                     retry_backoff_s=1.0))
     turns = sum(t.metrics["turns"] for t in results)
     assert len(results) == 6 and generator.batches < turns, "concurrent turns must share generate calls"
 
@@ -42,7 +44,7 @@ def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_d
 
 
 def test_cut_never_infers_padding_from_token_ids(tiny_model_dir, tiny_tokenizer):
-    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
     stop = SamplingParams(max_new_tokens=5, stop_token_ids=(7,))
     # pad may equal the stop token: the first stop token ends the turn, the rest is padding.
     result = generator._cut([5, 6, 7, 7, 7], [-1.0] * 5, stop)
@@ -52,7 +54,7 @@ def test_cut_never_infers_padding_from_token_ids(tiny_model_dir, tiny_tokenizer)
 
 
 def test_greedy_generation_is_deterministic(tiny_model_dir, tiny_tokenizer):
-    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
     prompt = tiny_tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",
                                    add_special_tokens=False)
     params = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -65,7 +67,7 @@ def test_greedy_generation_is_deterministic(tiny_model_dir, tiny_tokenizer):
 
 
 def test_one_generator_serves_successive_event_loops(tiny_model_dir, tiny_tokenizer):
-    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
     request = GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0.0))
     first = asyncio.run(generator.generate(request))
     second = asyncio.run(generator.generate(request))  # e.g. the next RL step
@@ -77,14 +79,16 @@ def test_sampled_rollouts_are_reproducible_whatever_the_batching(tiny_model_dir,
     (other batches, other arrival order, prefix states kept or not); another seed gives others."""
     model = load_model(tiny_model_dir)
     spec = load_env("arithmetic")
-    tasks = list(itertools.islice(spec.iter_tasks("test"), 6))
+    tasks = list(itertools.islice(spec.iter_tasks("test", seed=0), 6))
 
     def roll(concurrency: int, seed: int) -> list:
-        engine = RolloutEngine(spec, HFGenerator(model, tiny_tokenizer), tiny_tokenizer, chat_template=tiny_template,
+        engine = RolloutEngine(spec, HFGenerator(model, tiny_tokenizer, max_batch_size=32), tiny_tokenizer,
+                               chat_template=tiny_template,
                                parser=get_parser("auto", tiny_tokenizer), sampling=SamplingParams(temperature=1.0),
                                limits=dict(max_turns=2, max_new_tokens=24), seed=seed)
         with engine:
-            done = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=concurrency))
+            done = asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=concurrency,
+                                          retries=0, retry_backoff_s=1.0))
         return sorted(done, key=lambda t: t.id)
 
     first, second, other = roll(6, seed=3), roll(2, seed=3), roll(6, seed=4)

@@ -28,7 +28,8 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.openai_client import OpenAIGenerator, ServerError, served_model
 from trajlab.models.loading import load_model
 from trajlab.proxy import SessionRecorder, create_app
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 class FakeToolCaller:
@@ -81,7 +82,7 @@ def tiny_model(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model, tiny_tokenizer, tiny_template, tmp_path_factory):
-    app = create_app(HFGenerator(tiny_model, tiny_tokenizer), tiny_tokenizer, tiny_template,
+    app = create_app(HFGenerator(tiny_model, tiny_tokenizer, max_batch_size=32), tiny_tokenizer, tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(tmp_path_factory.mktemp("rec")),
                      ServeSettings(), tiny_tokenizer.model_max_length)
     with running(app) as url:
@@ -99,11 +100,11 @@ def arithmetic_engine(generator, tokenizer, template, max_new_tokens: int = 48, 
     return RolloutEngine(load_env("arithmetic"), generator, tokenizer, chat_template=template,
                          parser=get_parser("auto", tokenizer),
                          sampling=SamplingParams(temperature=temperature),
-                         limits=dict(max_turns=2, max_new_tokens=max_new_tokens))
+                         limits=dict(max_turns=2, max_new_tokens=max_new_tokens), seed=0)
 
 
 def episodes(n: int) -> list[Episode]:
-    tasks = itertools.islice(load_env("arithmetic").iter_tasks("test"), n)
+    tasks = itertools.islice(load_env("arithmetic").iter_tasks("test", seed=0), n)
     return [Episode(task["task_id"], task) for task in tasks]
 
 
@@ -120,7 +121,7 @@ def test_greedy_turns_match_the_hf_generator_token_for_token(tiny_server, tiny_m
                                      add_special_tokens=False) for text in ("hello", "add 2 and 3", "what is 7*8?")]
     params = SamplingParams(max_new_tokens=16, temperature=0.0, stop_token_ids=(0, 2))
     remote = OpenAIGenerator(tiny_server, MODEL, tiny_tokenizer)
-    local = HFGenerator(tiny_model, tiny_tokenizer)
+    local = HFGenerator(tiny_model, tiny_tokenizer, max_batch_size=32)
 
     async def all_of(generator):  # concurrent, so both sides batch
         return await asyncio.gather(*(generator.generate(GenerationRequest(p, params)) for p in prompts))
@@ -137,10 +138,12 @@ def test_a_greedy_episode_through_the_server_equals_the_local_one(tiny_server, t
     # The untrained tiny model answers in one turn; multi-turn episodes are the next test's.
     remote = arithmetic_engine(OpenAIGenerator(tiny_server, MODEL, tiny_tokenizer), tiny_tokenizer, tiny_template,
                                max_new_tokens=16)
-    local = arithmetic_engine(HFGenerator(tiny_model, tiny_tokenizer), tiny_tokenizer, tiny_template,
+    local = arithmetic_engine(HFGenerator(tiny_model, tiny_tokenizer, max_batch_size=32), tiny_tokenizer, tiny_template,
                               max_new_tokens=16)
-    got = sorted(asyncio.run(remote.run(episodes(3))), key=lambda t: t.id)
-    want = sorted(asyncio.run(local.run(episodes(3))), key=lambda t: t.id)
+    got = sorted(asyncio.run(remote.run(episodes(3), concurrency=8, retries=0, retry_backoff_s=1.0)),
+                 key=lambda t: t.id)
+    want = sorted(asyncio.run(local.run(episodes(3), concurrency=8, retries=0, retry_backoff_s=1.0)),
+                  key=lambda t: t.id)
     for a, b in zip(got, want, strict=True):
         assert a.status != "error", a.error
         assert a.messages == b.messages and a.stop_reason == b.stop_reason
@@ -154,7 +157,8 @@ def test_a_greedy_episode_through_the_server_equals_the_local_one(tiny_server, t
 def test_multi_turn_rollouts_keep_the_servers_tokens(tiny_tokenizer, tiny_template, tmp_path):
     with fake_server(tiny_tokenizer, tiny_template, tmp_path) as url:
         generator = OpenAIGenerator(f"{url}/v1", MODEL, tiny_tokenizer)
-        results = asyncio.run(arithmetic_engine(generator, tiny_tokenizer, tiny_template).run(episodes(4)))
+        engine = arithmetic_engine(generator, tiny_tokenizer, tiny_template)
+        results = asyncio.run(engine.run(episodes(4), concurrency=8, retries=0, retry_backoff_s=1.0))
     for trajectory in results:
         assert trajectory.status != "error", trajectory.error
         assert trajectory.metrics["turns"] == 2 and trajectory.metrics["tool_calls"] == 2
@@ -170,7 +174,8 @@ def test_a_server_without_token_ids_gives_text_only_trajectories_and_one_warning
     with fake_server(tiny_tokenizer, tiny_template, tmp_path, token_ids=False) as url:
         generator = OpenAIGenerator(f"{url}/v1", MODEL, tiny_tokenizer)
         with caplog.at_level(logging.WARNING, logger="trajlab.inference.openai_client"):
-            results = asyncio.run(arithmetic_engine(generator, tiny_tokenizer, tiny_template).run(episodes(3)))
+            engine = arithmetic_engine(generator, tiny_tokenizer, tiny_template)
+            results = asyncio.run(engine.run(episodes(3), concurrency=8, retries=0, retry_backoff_s=1.0))
     warnings = [r for r in caplog.records if "returned no token ids" in r.getMessage()]
     assert len(warnings) == 1 and url in warnings[0].getMessage() and generator.text_only
     for trajectory in results:
@@ -208,7 +213,8 @@ def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
     assert all("text_only" not in t.metrics for t in stored)
 
     def policy(url, tokenizer):
-        return load_rollout_policy(env, url, model=ModelSettings(), tokenizer=tokenizer, demonstrator=None)
+        return load_rollout_policy(env, url, model=ModelSettings(), max_batch_size=8, tokenizer=tokenizer,
+                                   demonstrator=None)
 
     with pytest.raises(ValueError, match="pass --tokenizer"):
         policy(tiny_server, None)

@@ -37,7 +37,7 @@ def _prompts(tokenizer) -> list[list[int]]:
 
 
 def _generate(model, tokenizer, params: SamplingParams) -> list:
-    generator = HFGenerator(model, tokenizer)
+    generator = HFGenerator(model, tokenizer, max_batch_size=32)
 
     async def batch():
         return await asyncio.gather(*(generator.generate(GenerationRequest(p, params)) for p in _prompts(tokenizer)))
@@ -139,7 +139,7 @@ def test_a_seeded_turn_samples_the_same_tokens_alone_or_in_any_batch(opinionated
     prompts = _prompts(tokenizer)
 
     def run(rows: list[tuple[list[int], int]]) -> list:
-        generator = HFGenerator(model, tokenizer)  # a fresh generator: no kept states
+        generator = HFGenerator(model, tokenizer, max_batch_size=32)  # a fresh generator: no kept states
 
         async def batch():
             return await asyncio.gather(*(generator.generate(GenerationRequest(p, params, seed=s)) for p, s in rows))

@@ -69,7 +69,7 @@ def hf_server(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path_factory) -
     broken = [i for i in range(len(tiny_tokenizer)) if "\ufffd" in tiny_tokenizer.decode([i])]
     with torch.no_grad():
         model.get_output_embeddings().weight[broken] = 0.0
-    app = create_app(HFGenerator(model, tiny_tokenizer), tiny_tokenizer, tiny_template,
+    app = create_app(HFGenerator(model, tiny_tokenizer, max_batch_size=32), tiny_tokenizer, tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(records), ServeSettings(),
                      tiny_tokenizer.model_max_length)
     with running(app) as url:

@@ -135,7 +135,8 @@ def test_a_smolagents_tool_loop_is_recorded_and_its_export_trains(scripted_serve
     trained = [t for t, bit in zip(tokens.completion_ids, tokens.loss_mask, strict=True) if bit]
     assert scripted_server.tokenizer.decode(trained, skip_special_tokens=False) == ANSWER
 
-    assert len(sft_dataset([calling, answering])) == 1  # only the scored success
+    assert len(sft_dataset([calling, answering], include_failures=False,
+                           shortest_per_task=False)) == 1  # only the scored success
     sft = runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--from", str(out), "--out",
                               str(tmp_path / "sft"), "--max-steps", "2", "--batch-size", "1"])
     assert sft.exit_code == 0, sft.output

@@ -114,11 +114,11 @@ def test_a_multi_turn_session_exports_as_one_exact_trajectory(hf_server, tmp_pat
 
     # The drift guard reads a recorded session as one conversation: it passes, and one altered token is caught.
     parser = get_parser("auto", tokenizer)
-    assert check_token_drift([trajectory], tokenizer, hf_server.template, parser) == ([trajectory], [])
+    assert check_token_drift([trajectory], tokenizer, hf_server.template, parser, max_drift=0.0) == ([trajectory], [])
     corrupted = trajectory.model_copy(deep=True)
     corrupted.tokens.completion_ids[-3] = corrupted.tokens.completion_ids[-3] - 1
     with pytest.raises(TokenDriftError, match="turn 3 \\(conversation\\)"):
-        check_token_drift([corrupted], tokenizer, hf_server.template, parser)
+        check_token_drift([corrupted], tokenizer, hf_server.template, parser, max_drift=0.0)
 
 
 def test_an_edited_history_forks_and_sessions_never_mix(hf_server, tmp_path):
@@ -207,7 +207,7 @@ def test_reexport_is_idempotent_and_the_cli_output_trains_with_sft(hf_server, ti
     assert out.read_bytes() == before
     (trajectory,) = read_trajectories(out)
     assert (trajectory.status, trajectory.reward, trajectory.metrics["scored"]) == ("success", 1.0, 1.0)
-    rows = sft_dataset([trajectory])
+    rows = sft_dataset([trajectory], include_failures=False, shortest_per_task=False)
     assert rows[0]["input_ids"] == trajectory.tokens.prompt_ids + trajectory.tokens.completion_ids
     trained = runner.invoke(app, ["sft", "--model", str(tiny_model_dir), "--from", str(out), "--out",
                                   str(tmp_path / "sft"), "--max-steps", "2", "--batch-size", "1"])
@@ -220,7 +220,9 @@ def test_unscored_trajectories_are_not_successes_and_bad_options_fail_clearly(hf
     _, (trajectory,) = export(hf_server, tmp_path, ["export-unscored"])
     assert (trajectory.status, trajectory.reward, trajectory.metrics["scored"]) == ("truncated", 0.0, 0.0)
     assert trajectory.stop_reason == "max_new_tokens"
-    assert len(sft_dataset([trajectory])) == 0 and len(sft_dataset([trajectory], include_failures=True)) == 1
+    assert len(sft_dataset([trajectory], include_failures=False,
+                           shortest_per_task=False)) == 0 and len(sft_dataset([trajectory], include_failures=True,
+                                                                              shortest_per_task=False)) == 1
     with pytest.raises(ValueError, match="import path"):
         load_reward("no_colon")
     result = CliRunner().invoke(app, ["traces", "export", "--out", str(tmp_path / "x.jsonl"), "--tokenizer",

@@ -14,15 +14,15 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.rollout.drift import TokenDriftError, check_token_drift, find_drift
-from trajlab.rollout.engine import Episode
 from trajlab.rollout.engine import make_engine as make_env_engine
+from trajlab.rollout.runner import Episode
 
 PARSER = get_parser("hermes")
 
 
 def roll(engine, *tasks):
     episodes = [Episode(f"e{i}", task) for i, task in enumerate(tasks)]
-    return sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)
+    return sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)), key=lambda t: t.id)
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +43,14 @@ def engine_trajectories(tiny_model_dir, tiny_tokenizer, tiny_template, flaky):
     out = [flaky]
     for name in ("arithmetic", "guess"):
         env = load_env(name)
-        tasks = [task for _, task in zip(range(3), env.iter_tasks("train"), strict=False)]
+        tasks = [task for _, task in zip(range(3), env.iter_tasks("train", seed=0), strict=False)]
         oracle = ScriptedGenerator(env.oracle, tiny_tokenizer, tiny_template)
         out += roll(make_env_engine(env, oracle, tiny_tokenizer, chat_template=tiny_template,
-                                    parser=get_parser("auto", tiny_tokenizer)), *tasks)
-        sampled = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+                                    parser=get_parser("auto", tiny_tokenizer), seed=0), *tasks)
+        sampled = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
         out += roll(make_env_engine(env, sampled, tiny_tokenizer, chat_template=tiny_template,
                                     parser=get_parser("auto", tiny_tokenizer), limits={"max_new_tokens": 24},
-                                    sampling=SamplingParams(temperature=1.0)), *tasks)
+                                    sampling=SamplingParams(temperature=1.0), seed=0), *tasks)
     [cut] = roll(make_engine(tiny_tokenizer, tiny_template, [call("add", '{"a": 2, "b": 3}')] * 2,
                              max_new_tokens=6), {})
     assert cut.stop_reason == "max_new_tokens"
@@ -75,8 +75,8 @@ def test_engine_trajectories_have_no_drift(engine_trajectories, tiny_tokenizer, 
     statuses = {t.status for t in engine_trajectories}
     assert {"success", "truncated"} <= statuses
     assert any(t.metrics.get("parse_errors") for t in engine_trajectories)
-    kept, drifts = check_token_drift(engine_trajectories, tiny_tokenizer, tiny_template, get_parser("auto",
-                                                                                                     tiny_tokenizer))
+    kept, drifts = check_token_drift(engine_trajectories, tiny_tokenizer, tiny_template,
+                                     get_parser("auto", tiny_tokenizer), max_drift=0.0)
     assert drifts == [] and kept == engine_trajectories
 
 
@@ -104,7 +104,7 @@ def test_the_guard_stops_above_the_threshold_and_drops_what_drifted(flaky, tiny_
     bad = altered(flaky, observation_1).model_copy(update={"id": "bad"})
     batch = [flaky, bad, flaky.model_copy(update={"id": "ok2"}), flaky.model_copy(update={"id": "ok3"})]
     with pytest.raises(TokenDriftError, match=r"1 of 4 trajectories .*'bad', turn 1 \(observation\).*max_drift"):
-        check_token_drift(batch, tiny_tokenizer, tiny_template, PARSER)
+        check_token_drift(batch, tiny_tokenizer, tiny_template, PARSER, max_drift=0.0)
     kept, drifts = check_token_drift(batch, tiny_tokenizer, tiny_template, PARSER, max_drift=0.25)
     assert [t.id for t in kept] == [flaky.id, "ok2", "ok3"] and [d.trajectory_id for d in drifts] == ["bad"]
 
@@ -113,7 +113,7 @@ def test_another_template_at_training_time_is_caught_and_named(flaky, tiny_token
     other = tiny_template.replace("assistant\\n'", "assistant\\n\\n'")  # a blank line after each header
     assert other != tiny_template
     with pytest.raises(TokenDriftError, match="a template other than the tokenizer's own.*the prompt"):
-        check_token_drift([flaky], tiny_tokenizer, other, PARSER)
+        check_token_drift([flaky], tiny_tokenizer, other, PARSER, max_drift=0.0)
 
 
 def test_a_model_turn_whose_message_was_edited_is_caught(flaky, tiny_tokenizer, tiny_template):

@@ -18,7 +18,8 @@ from trajlab.env.registry import EnvSpec
 from trajlab.errors import InfrastructureError
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.rollout import engine as engine_module
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 class ReplayText:
@@ -84,7 +85,7 @@ def call(name: str, args: str) -> str:
 
 def make_engine(tokenizer, template, texts, **limits):
     return RolloutEngine(SPEC, ReplayText(tokenizer, texts), tokenizer, chat_template=template,
-                         parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2, **limits})
+                         parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2, **limits}, seed=0)
 
 
 def check_tokens(trajectory, tokenizer, template, add_generation_prompt=False):
@@ -157,7 +158,8 @@ def test_plain_answer_ends_the_episode_as_failure(tiny_tokenizer, tiny_template)
 
 def test_a_broken_episode_is_recorded_and_the_batch_goes_on(tiny_tokenizer, tiny_template):
     engine = make_engine(tiny_tokenizer, tiny_template, [call("finish", "{}")])
-    results = asyncio.run(engine.run([Episode("bad", {"explode": True}), Episode("good", {})], concurrency=2))
+    results = asyncio.run(engine.run([Episode("bad", {"explode": True}), Episode("good", {})], concurrency=2,
+                                     retries=0, retry_backoff_s=1.0))
     by_id = {t.id: t for t in results}
     assert by_id["bad"].status == "error" and "reset failed" in by_id["bad"].error
     assert by_id["good"].status == "success"
@@ -240,7 +242,7 @@ def test_an_env_can_offer_some_tools_and_speak_again_after_an_answer(tiny_tokeni
         "20<|im_end|>",
     ]
     engine = RolloutEngine(CONVERSATION, ReplayText(tiny_tokenizer, texts), tiny_tokenizer,
-                           chat_template=tiny_template, parser=get_parser("hermes"))
+                           chat_template=tiny_template, parser=get_parser("hermes"), seed=0)
     trajectory = asyncio.run(engine.run_episode(Episode("c", {})))
 
     assert [t["function"]["name"] for t in trajectory.tools] == ["add"]
@@ -262,7 +264,7 @@ def test_episode_tools_must_be_tools_of_the_class(tiny_tokenizer, tiny_template)
             return "Go."
 
     engine = RolloutEngine(EnvSpec(name="lying", env_cls=Lying), ReplayText(tiny_tokenizer, ["hi<|im_end|>"]),
-                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"))
+                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"), seed=0)
     trajectory = asyncio.run(engine.run_episode(Episode("l", {})))
     assert trajectory.status == "error" and "names ['rm'], which are not tools of the class" in trajectory.error
 
@@ -286,12 +288,12 @@ def test_close_is_called_once_for_every_episode_however_it_ends(tiny_tokenizer, 
     spec = EnvSpec(name="closing", env_cls=Closing, system_prompt="Test.")
     texts = [call("boom", '{"x": 1}'), call("finish", "{}")]
     engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, texts), tiny_tokenizer, chat_template=tiny_template,
-                           parser=get_parser("hermes"))
+                           parser=get_parser("hermes"), seed=0)
     Closing.closed.clear()
     tasks = {"ok": {}, "reset raises": {"explode": True}, "close raises": {"bad_close": True}}
     with engine:
         results = asyncio.run(engine.run([Episode(name, {"name": name, **task}) for name, task in tasks.items()],
-                                         concurrency=3))
+                                         concurrency=3, retries=0, retry_backoff_s=1.0))
     by_id = {t.id: t for t in results}
     assert sorted(Closing.closed) == sorted(tasks), "one close() per episode, also after reset or a tool raised"
     assert by_id["ok"].status == "success" and by_id["ok"].error is None
@@ -317,9 +319,10 @@ def test_a_stuck_tool_never_starves_other_episodes_and_closing_the_engine_stops_
     spec = EnvSpec(name="stuck", env_cls=Stuck, system_prompt="Test.")
     texts = [call("hang", "{}"), call("add", '{"a": 1, "b": 2}'), call("finish", "{}")]
     engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, texts), tiny_tokenizer, chat_template=tiny_template,
-                           parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2})
+                           parser=get_parser("hermes"), limits={"tool_timeout_s": 0.2}, seed=0)
     started = time.perf_counter()
-    results = asyncio.run(engine.run([Episode(str(i), {}) for i in range(6)], concurrency=2))
+    results = asyncio.run(engine.run([Episode(str(i), {}) for i in range(6)], concurrency=2, retries=0,
+                                     retry_backoff_s=1.0))
     assert time.perf_counter() - started < 1.5, "six episodes, each with a stuck tool, ran without waiting for one"
     assert all(t.status == "success" and t.metrics["tool_errors/timeout"] == 1 for t in results)
     assert all(t.messages[5]["content"] == "3" for t in results), "the call after a timeout got a thread at once"
@@ -341,14 +344,14 @@ def test_limits_are_the_envs_own_with_the_users_overrides(tiny_tokenizer, tiny_t
     spec = EnvSpec(name="limited", env_cls=Flaky, limits=EpisodeLimits(max_turns=3, max_new_tokens=40))
     engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, []), tiny_tokenizer, chat_template=tiny_template,
                            parser=get_parser("hermes"), sampling=SamplingParams(max_new_tokens=999, temperature=0.5),
-                           limits={"max_turns": 5, "max_new_tokens": None})
+                           limits={"max_turns": 5, "max_new_tokens": None}, seed=0)
     assert engine.limits == EpisodeLimits(max_turns=5, max_new_tokens=40)
     assert engine.sampling.max_new_tokens == 40 and engine.sampling.temperature == 0.5
     assert engine.with_env(spec).limits == engine.limits
 
     mixture = EnvMixture({"limited": spec, "plain": EnvSpec(name="plain", env_cls=Flaky)})
     with engine_module.make_engine(mixture, ReplayText(tiny_tokenizer, []), tiny_tokenizer, chat_template=tiny_template,
-                     parser=get_parser("hermes"), limits={"tool_timeout_s": 1.0}) as mixed:
+                                   parser=get_parser("hermes"), limits={"tool_timeout_s": 1.0}, seed=0) as mixed:
         assert mixed.engines["limited"].limits == EpisodeLimits(max_turns=3, max_new_tokens=40, tool_timeout_s=1.0)
         assert mixed.engines["plain"].limits == EpisodeLimits(tool_timeout_s=1.0)
     assert all(sub._threads.closed for sub in mixed.engines.values()), "a mixture closes its envs' engines"
@@ -400,7 +403,7 @@ def test_an_outage_ends_episodes_as_errors_with_their_cause_and_retries_recover_
 
     def run(failures: int, retries: int):
         engine = RolloutEngine(SPEC, Outage(ReplayText(tiny_tokenizer, texts), failures), tiny_tokenizer,
-                               chat_template=tiny_template, parser=get_parser("hermes"))
+                               chat_template=tiny_template, parser=get_parser("hermes"), seed=0)
         episodes = [Episode(f"e{i}", {}) for i in range(3)]
         return sorted(asyncio.run(engine.run(episodes, concurrency=1, retries=retries, retry_backoff_s=0.01)),
                       key=lambda t: t.id)
@@ -421,9 +424,10 @@ def test_an_infrastructure_error_from_a_tool_is_no_observation(tiny_tokenizer, t
     Crashing.crashes = 1
     spec = EnvSpec(name="crashing", env_cls=Crashing, system_prompt="Test.")
     engine = RolloutEngine(spec, ReplayText(tiny_tokenizer, [call("run", "{}"), call("finish", "{}")]),
-                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"))
-    [broken] = asyncio.run(engine.run([Episode("e", {})]))
+                           tiny_tokenizer, chat_template=tiny_template, parser=get_parser("hermes"), seed=0)
+    [broken] = asyncio.run(engine.run([Episode("e", {})], concurrency=8, retries=0, retry_backoff_s=1.0))
     assert broken.status == "error" and broken.error == "the sandbox was killed by the host (SIGKILL)"
     assert not any(m["role"] == "tool" for m in broken.messages), "the model never saw the host's failure"
-    [retried] = asyncio.run(engine.run([Episode("e", {})]))  # the sandbox works again
+    [retried] = asyncio.run(engine.run([Episode("e", {})], concurrency=8, retries=0,
+                                       retry_backoff_s=1.0))  # the sandbox works again
     assert retried.status == "success" and retried.metrics["tool_errors"] == 0

@@ -24,8 +24,9 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import load_policy
 from trajlab.models.loading import load_model, load_processor
 from trajlab.rollout.drift import check_token_drift
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.images import decode_png, encode_png
+from trajlab.rollout.runner import Episode
 
 RED = Image.new("RGB", (64, 64), (220, 30, 30))
 
@@ -42,13 +43,14 @@ def test_tools_may_return_images_in_every_natural_form() -> None:
 
 def _engine(env: EnvSpec, policy: Any, **options: Any) -> RolloutEngine:
     return RolloutEngine(env, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                         parser=get_parser("auto", policy.tokenizer), processor=policy.processor, **options)
+                         parser=get_parser("auto", policy.tokenizer), seed=0, processor=policy.processor, **options)
 
 
 @pytest.fixture(scope="module")
 def oracle_run(tiny_vision_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=ODD_ONE_OUT.oracle)
-    task = next(ODD_ONE_OUT.tasks("train"))
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=ODD_ONE_OUT.oracle, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
+    task = next(ODD_ONE_OUT.tasks("train", seed=0))
     with _engine(ODD_ONE_OUT, policy) as engine:
         trajectory = asyncio.run(engine.run_episode(Episode(id="e0", task=task)))
     path = tmp_path_factory.mktemp("store") / "trajectories.jsonl"
@@ -95,16 +97,17 @@ def test_the_drift_guard_replays_image_tokens_and_needs_the_processor(oracle_run
     trajectories = list(read_trajectories(path))
     parser = get_parser("auto", policy.tokenizer)
     kept, drifts = check_token_drift(trajectories, policy.tokenizer, policy.chat_template, parser,
-                                     processor=policy.processor)
+                                     processor=policy.processor, max_drift=0.0)
     assert len(kept) == 1 and drifts == []
     with pytest.raises(ValueError, match="text model"):
-        check_token_drift(trajectories, policy.tokenizer, policy.chat_template, parser)
+        check_token_drift(trajectories, policy.tokenizer, policy.chat_template, parser, max_drift=0.0)
 
 
 def test_a_text_model_refuses_an_episode_that_shows_it_an_image(tiny_model_dir) -> None:
-    policy = load_policy("oracle", tokenizer=tiny_model_dir, oracle=ODD_ONE_OUT.oracle)
+    policy = load_policy("oracle", tokenizer=tiny_model_dir, oracle=ODD_ONE_OUT.oracle, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
     with _engine(ODD_ONE_OUT, policy) as engine:
-        trajectory = asyncio.run(engine.run_episode(Episode(id="e", task=next(ODD_ONE_OUT.tasks("train")))))
+        trajectory = asyncio.run(engine.run_episode(Episode(id="e", task=next(ODD_ONE_OUT.tasks("train", seed=0)))))
     assert trajectory.status == "error" and "vision-language model" in trajectory.error
 
 
@@ -147,13 +150,14 @@ class LookThenModel:
 
 
 def _camera_run(vision_dir: Path, colors: list[list[int]], looks: int) -> tuple[Any, LookThenModel]:
-    policy = load_policy(vision_dir, device="cpu")
-    model = HFGenerator(load_model(vision_dir), policy.tokenizer, processor=load_processor(vision_dir))
+    policy = load_policy(vision_dir, device="cpu", dtype="auto", backend="hf", max_batch_size=32)
+    model = HFGenerator(load_model(vision_dir), policy.tokenizer, processor=load_processor(vision_dir),
+                        max_batch_size=32)
     generator = LookThenModel(ChatTemplate(policy.tokenizer, [], policy.chat_template), model, looks)
     engine = RolloutEngine(CAMERA, generator, policy.tokenizer, chat_template=policy.chat_template,
                            parser=get_parser("auto", policy.tokenizer), processor=policy.processor,
                            sampling=SamplingParams(temperature=0.0), limits={"max_turns": looks + 1,
-                                                                             "max_new_tokens": 4})
+                                                                             "max_new_tokens": 4}, seed=0)
     with engine:
         trajectory = asyncio.run(engine.run_episode(Episode(id="cam", task={"colors": colors})))
     return trajectory, generator

@@ -44,7 +44,7 @@ def test_without_gradients_no_slice_is_kept_for_backward(tiny_model_dir):
     model = load_model(tiny_model_dir)
     with torch.no_grad():
         hidden, targets = hidden_and_targets(model, rows=2, length=9)
-        logprobs, entropy = chosen_logprobs(hidden, model.get_output_embeddings(), targets, chunk_tokens=4)
+        logprobs, entropy = chosen_logprobs(hidden, model.get_output_embeddings(), targets, 1.0, chunk_tokens=4)
         full = torch.log_softmax(model.get_output_embeddings()(hidden), dim=-1)
     assert not logprobs.requires_grad
     # the same float32 numbers summed in another order: equal up to a few units in the last place (values near -9

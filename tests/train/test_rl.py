@@ -54,12 +54,14 @@ def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_
     mixture = load_envs("arithmetic,guess")
     tokenizer = load_tokenizer(tiny_model_dir)
     template = resolve_chat_template(tokenizer)
-    step_tasks = [{**task, "task_id": "0"} for _, task in zip(range(2), mixture.iter_tasks("train"), strict=False)]
+    step_tasks = [{**task, "task_id": "0"} for _, task in zip(range(2), mixture.iter_tasks("train", seed=0),
+                                                              strict=False)]
     assert [task["env"] for task in step_tasks] == ["arithmetic", "guess"]
     episodes = [e for i, task in enumerate(step_tasks) for e in group_episodes(3, i, task, group_size=2)]
     engine = make_engine(mixture, ScriptedGenerator(mixture.oracle, tokenizer, template), tokenizer,
-                         chat_template=template, parser=get_parser("auto", tokenizer))
-    trajectories = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)  # the engine returns them as done
+                         chat_template=template, parser=get_parser("auto", tokenizer), seed=0)
+    trajectories = sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)),
+                          key=lambda t: t.id)  # the engine returns them as done
     assert [(t.env, task_id(t.task), t.group) for t in trajectories] == [
         ("arithmetic", "0", "rl:3:0"), ("arithmetic", "0", "rl:3:0"), ("guess", "0", "rl:3:1"), ("guess", "0", "rl:3:1")
     ]
@@ -87,11 +89,11 @@ def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_mode
     env = load_env("arithmetic")
     tokenizer = load_tokenizer(tiny_model_dir)
     template = resolve_chat_template(tokenizer)
-    tasks = [task for _, task in zip(range(2), env.iter_tasks("train"), strict=False)]
+    tasks = [task for _, task in zip(range(2), env.iter_tasks("train", seed=0), strict=False)]
     episodes = [e for i, task in enumerate(tasks) for e in group_episodes(0, i, task, group_size=3)]
     engine = make_engine(env, ScriptedGenerator(env.oracle, tokenizer, template), tokenizer, chat_template=template,
-                         parser=get_parser("auto", tokenizer))
-    done = sorted(asyncio.run(engine.run(episodes)), key=lambda t: t.id)
+                         parser=get_parser("auto", tokenizer), seed=0)
+    done = sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)), key=lambda t: t.id)
     broken = {0, 3, 4}  # one of the first group's three, two of the second's
     trajectories = [t.model_copy(update={"status": "error", "error": "the generator failed"}) if i in broken else t
                     for i, t in enumerate(done)]
@@ -396,9 +398,10 @@ def test_a_sampler_other_than_the_trainer_is_corrected_by_default(tiny_model_dir
     tokenizer = load_tokenizer(tiny_model_dir)
     settings, rollout = tiny_settings(steps=1, kl_coef=0.01, importance_cap=1.2)  # KL: every rollout is trained on
     records = {}
-    for name, mode, sampler in (("stale", "auto", HFGenerator(load_model(other_model_dir), tokenizer)),
+    for name, mode, sampler in (("stale", "auto", HFGenerator(load_model(other_model_dir), tokenizer,
+                                                              max_batch_size=32)),
                                 ("own", "auto", None), ("off", "off", HFGenerator(load_model(other_model_dir),
-                                                                                  tokenizer))):
+                                                                                  tokenizer, max_batch_size=32))):
         out = tmp_path / name
         trajlab.rl(tiny_model_dir, load_env("arithmetic"), out, tokenizer=tokenizer, rollout=rollout, sampler=sampler,
                    **settings.model_copy(update={"importance_sampling": mode}).model_dump())

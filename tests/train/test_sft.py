@@ -11,22 +11,24 @@ from trajlab.data.datasets import sft_dataset
 from trajlab.env import load_env
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.loading import load_model
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 
 
 def demonstrations(tokenizer, template, n=8):
     spec = load_env("arithmetic")
     engine = RolloutEngine(spec, ScriptedGenerator(spec.oracle, tokenizer, template), tokenizer,
-                           chat_template=template, parser=get_parser("auto", tokenizer))
-    tasks = list(itertools.islice(spec.iter_tasks("train"), n))
-    return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks]))
+                           chat_template=template, parser=get_parser("auto", tokenizer), seed=0)
+    tasks = list(itertools.islice(spec.iter_tasks("train", seed=0), n))
+    return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=8, retries=0,
+                                  retry_backoff_s=1.0))
 
 
 def test_system_user_and_tool_tokens_carry_no_loss(tiny_tokenizer, tiny_template):
     from trl import SFTConfig, SFTTrainer
 
     trajectories = demonstrations(tiny_tokenizer, tiny_template, n=4)
-    dataset = sft_dataset(trajectories)
+    dataset = sft_dataset(trajectories, include_failures=False, shortest_per_task=False)
     trainer = SFTTrainer(model=load_model(tiny_tokenizer.name_or_path),
                          args=SFTConfig(output_dir="/tmp/unused-sft", report_to="none", max_length=None,
                                         per_device_train_batch_size=4, use_cpu=True, bf16=False),
@@ -48,7 +50,8 @@ def test_system_user_and_tool_tokens_carry_no_loss(tiny_tokenizer, tiny_template
 
 
 def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
-    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template), include_failures=False,
+                          shortest_per_task=False)
     settings = SFTSettings(max_steps=2, batch_size=4, save_steps=1, logging_steps=1, warmup_steps=0)
     trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())
     settings = settings.model_copy(update={"max_steps": 3})
@@ -63,7 +66,8 @@ def test_sft_checkpoints_and_resumes(tiny_model_dir, tiny_tokenizer, tiny_templa
 
 
 def test_sft_with_lora_saves_a_merged_model(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
-    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template), include_failures=False,
+                          shortest_per_task=False)
     settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, lora=LoraSettings(r=4, alpha=8))
     final = trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())
     merged = load_model(final)
@@ -71,7 +75,8 @@ def test_sft_with_lora_saves_a_merged_model(tiny_model_dir, tiny_tokenizer, tiny
 
 
 def test_sft_with_gradient_checkpointing_trains_a_step(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
-    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template))
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template), include_failures=False,
+                          shortest_per_task=False)
     model = load_model(tiny_model_dir)
     settings = SFTSettings(max_steps=1, batch_size=4, warmup_steps=0, logging_steps=1, gradient_checkpointing=True)
     trajlab.sft(model, dataset, tmp_path, tokenizer=tiny_tokenizer, **settings.model_dump())

@@ -30,7 +30,8 @@ from trajlab.env.registry import EnvSpec
 from trajlab.inference.pixels import image_inputs
 from trajlab.inference.policy import load_policy
 from trajlab.models.loading import load_model, load_processor
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import Trajectory
 
 LOOKS = 3
@@ -80,10 +81,12 @@ TASKS = {"cats": {"title": "cat", "seeds": [1, 2, 3]}, "dogs": {"title": "dog", 
 
 @pytest.fixture(scope="module")
 def slides(tiny_vision_dir: Path) -> tuple[Any, dict[str, Trajectory]]:
-    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=look_then_answer)
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=look_then_answer, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
     with RolloutEngine(SLIDES, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor) as engine:
-        done = asyncio.run(engine.run([Episode(id=name, task=task) for name, task in TASKS.items()]))
+                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor, seed=0) as engine:
+        done = asyncio.run(engine.run([Episode(id=name, task=task) for name, task in TASKS.items()], concurrency=8,
+                                      retries=0, retry_backoff_s=1.0))
     assert [t.status for t in done] == ["success"] * len(TASKS)
     return policy, {t.id: t for t in done}
 
@@ -105,7 +108,8 @@ def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides
         assert [np.asarray(t.image(i)).tolist() for i in t.images] == [
             np.asarray(slide(seed)).tolist() for seed in TASKS[name]["seeds"]]
     seen = {name: [t.image(i) for i in t.images] for name, t in trajectories.items()}
-    saved = save_dataset(sft_dataset(trajectories.values()), tmp_path / "sft")
+    saved = save_dataset(sft_dataset(trajectories.values(), include_failures=False, shortest_per_task=False),
+                         tmp_path / "sft")
     shutil.rmtree(image_dir(path))  # the saved dataset holds the images itself
 
     model, processor = load_model(tiny_vision_dir), load_processor(tiny_vision_dir)
@@ -144,7 +148,8 @@ def test_the_training_loss_depends_on_the_pixels(slides, tiny_vision_dir, tmp_pa
     processor = load_processor(tiny_vision_dir)
 
     def first_loss(trajectory: Trajectory, out: str) -> float:
-        trajlab.sft(tiny_vision_dir, sft_dataset([trajectory]), tmp_path / out, tokenizer=policy.tokenizer,
+        trajlab.sft(tiny_vision_dir, sft_dataset([trajectory], include_failures=False, shortest_per_task=False),
+                    tmp_path / out, tokenizer=policy.tokenizer,
                     processor=processor, device="cpu", **_settings(batch_size=1).model_dump())
         return json.loads((tmp_path / out / "metrics.jsonl").read_text().splitlines()[0])["loss/sft"]
 
@@ -157,7 +162,8 @@ def test_sft_needs_the_processor_for_images(slides, tiny_vision_dir, tmp_path) -
     """A loaded model brings no processor of its own (a model directory's is loaded with it)."""
     policy, by_name = slides
     with pytest.raises(ValueError, match="processor"):
-        trajlab.sft(load_model(tiny_vision_dir, device="cpu"), sft_dataset([by_name["cats"]]), tmp_path,
+        trajlab.sft(load_model(tiny_vision_dir, device="cpu"), sft_dataset([by_name["cats"]], include_failures=False,
+                                                                           shortest_per_task=False), tmp_path,
                     tokenizer=policy.tokenizer, **_settings().model_dump())
 
 
@@ -190,10 +196,12 @@ def test_the_cli_fine_tunes_a_vision_model_on_odd_one_out(tiny_vision_dir, tmp_p
 
 def test_a_text_only_run_of_a_vision_model_keeps_its_processor(tiny_vision_dir, tmp_path) -> None:
     spec = load_env("arithmetic")
-    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=spec.oracle)
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=spec.oracle, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=32)
     with RolloutEngine(spec, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor) as engine:
-        tasks = itertools.islice(spec.iter_tasks("train"), 2)
-        demos = asyncio.run(engine.run([Episode(id=t["task_id"], task=t) for t in tasks]))
+                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor, seed=0) as engine:
+        tasks = itertools.islice(spec.iter_tasks("train", seed=0), 2)
+        demos = asyncio.run(engine.run([Episode(id=t["task_id"], task=t) for t in tasks], concurrency=8, retries=0,
+                                       retry_backoff_s=1.0))
     final = trajlab.sft(tiny_vision_dir, demos, tmp_path, max_steps=1, batch_size=2, warmup_steps=0, device="cpu")
     assert type(load_processor(final)).__name__ == "Gemma3Processor"

@@ -65,7 +65,7 @@ def restore(engine, tiny_model_dir):
 
 
 def test_greedy_ids_and_logprobs_equal_the_hf_backend(engine, prompts, tiny_model_dir, tiny_tokenizer):
-    hf = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer)
+    hf = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
     params = SamplingParams(max_new_tokens=12, temperature=0.0, stop_token_ids=(tiny_tokenizer.eos_token_id,))
     ours, theirs = generate(engine, prompts, params), generate(hf, prompts, params)
     assert engine.batches == 1, "the three concurrent requests went to vLLM in one generate call"
@@ -110,7 +110,7 @@ def test_loaded_weights_reach_the_engine(engine, prompts, tiny_model_dir, tiny_t
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
     engine.load_weights(changed)
     after = generate(engine, prompts, params)
-    expected = generate(HFGenerator(changed, tiny_tokenizer), prompts, params)
+    expected = generate(HFGenerator(changed, tiny_tokenizer, max_batch_size=32), prompts, params)
     for prompt, new, hf in zip(prompts, after, expected, strict=True):
         assert new.token_ids == hf.token_ids
         assert max_gap(new.logprobs, forward_logprobs(changed, prompt, new.token_ids)) < 1e-4

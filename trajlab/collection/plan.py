@@ -17,7 +17,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.prompts import prompt_tag
 from trajlab.env.registry import EnvSpec, read_tasks_file
-from trajlab.rollout.engine import Episode
+from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import Trajectory, task_hash, task_id
 
 TaskRows = Sequence[dict[str, Any]] | str | Path

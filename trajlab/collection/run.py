@@ -17,7 +17,7 @@ from pathlib import Path
 from trajlab.collection.demonstrators import Demonstrator
 from trajlab.config import RolloutSettings
 from trajlab.data.store import StoreError, TrajectoryStore
-from trajlab.rollout.engine import Episode, EpisodeRunner
+from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.types import Trajectory
 
 logger = logging.getLogger(__name__)

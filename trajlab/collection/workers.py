@@ -31,7 +31,7 @@ from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
-from trajlab.rollout.engine import Episode, EpisodeRunner
+from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -64,11 +64,9 @@ class RolloutWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         from trajlab.collection.engines import load_rollout_policy, rollout_engine
 
-        policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, tokenizer=spec.tokenizer,
-                                     demonstrator=None)
+        policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, max_batch_size=spec.rollout.concurrency,
+                                     tokenizer=spec.tokenizer, demonstrator=None)
         self.generator = policy.generator
-        if hasattr(self.generator, "max_batch_size"):
-            self.generator.max_batch_size = spec.rollout.concurrency
         self.engine = rollout_engine(spec.env, policy, rollout=spec.rollout, temperature=spec.temperature,
                                      seed=spec.seed)
         self._base = self.engine

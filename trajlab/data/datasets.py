@@ -101,8 +101,8 @@ RL_COLUMNS: tuple[str, ...] = ("env", "task_id", "task", "split")
 def sft_dataset(
     ts: Iterable[Trajectory],
     *,
-    include_failures: bool = False,
-    shortest_per_task: bool = False,
+    include_failures: bool,
+    shortest_per_task: bool,
     max_tokens: int | None = None,
 ) -> datasets.Dataset:
     """Demonstrations for supervised fine-tuning, one row per trajectory, in input order.

@@ -89,15 +89,11 @@ class Environment:
                 setattr(cls, name, _Hook(vars(cls)[name]))
 
     def __init__(self) -> None:
-        self.reward = 0.0
-        self.done = False
-        self.success = None
-        self.turn_rewards = None
-        self.metrics = {}
-        self.episode_tools = None
+        Environment.reset(self)
 
     def reset(self, **task: Any) -> str | None:
-        """Start an episode for one task (a dataset row) and return the first observation, if any."""
+        """Start an episode for one task (a dataset row) and return the first observation, if any. Sets the
+        protocol's attributes to a new episode's (also what a fresh instance starts with)."""
         self.reward = 0.0
         self.done = False
         self.success = None

@@ -90,7 +90,7 @@ class EnvMixture:
                                                                  if k in {knob.name for knob in spec.knobs}})
                                     for name, spec in self.specs.items()})
 
-    def iter_tasks(self, split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    def iter_tasks(self, split: str, seed: int) -> Iterator[dict[str, Any]]:
         """The envs' tasks of a split, interleaved in turn by their weights (equal weights: one per env in turn; an
         env that runs out drops out).
 

@@ -41,7 +41,7 @@ class NoisyReference:
         name: the reference's own name; each trajectory records ``NAME+noiseP`` as its policy.
     """
 
-    def __init__(self, oracle: Oracle, tools_of: ToolsOf, noise: float, seed: int = 0, name: str = "oracle") -> None:
+    def __init__(self, oracle: Oracle, tools_of: ToolsOf, noise: float, *, seed: int, name: str = "oracle") -> None:
         if not 0 <= noise <= 1:
             raise ValueError(f"reference noise is a share of situations, from 0 to 1; got {noise}")
         self.oracle, self.tools_of, self.noise, self.seed = oracle, tools_of, noise, seed

@@ -32,7 +32,7 @@ from trajlab.env.registry import EnvSpec
 from trajlab.models.loading import forward_inputs
 
 
-def trl_dataset(env: EnvSpec | EnvMixture, split: str = "train", size: int = 1000, seed: int = 0) -> Dataset:
+def trl_dataset(env: EnvSpec | EnvMixture, split: str, size: int, seed: int) -> Dataset:
     """``size`` tasks of a split as rows TRL passes to ``reset(**row)``.
 
     TRL appends ``reset``'s observation to the last prompt message, so the prompt is the env's system prompt and an

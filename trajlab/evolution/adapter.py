@@ -24,8 +24,9 @@ from trajlab.collection.workers import RayRolloutRunner
 from trajlab.config import RolloutSettings
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.rewards import REWARDS, check_weights, weighted_reward
+from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import Trajectory, task_id
 
 MAX_FIELD_CHARS = 300

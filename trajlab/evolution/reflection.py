@@ -52,7 +52,7 @@ class LocalReflection:
         self.tokenizer = load_tokenizer(model_dir)
         self.chat = ChatTemplate(self.tokenizer, [], resolve_chat_template(self.tokenizer))
         model = load_model(model_dir, device=device, dtype=dtype)
-        self.generator = HFGenerator(model, self.tokenizer, name=str(model_dir))
+        self.generator = HFGenerator(model, self.tokenizer, max_batch_size=1, name=str(model_dir))  # one at a time
         self.stop = tuple(stop_token_ids(self.tokenizer))
         self.max_new_tokens, self.temperature, self.max_prompt_tokens = max_new_tokens, temperature, max_prompt_tokens
 

@@ -77,7 +77,7 @@ class HFGenerator(BatchingGenerator):
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        max_batch_size: int = 32,
+        max_batch_size: int,
         batch_wait_s: float = 0.01,
         max_wait_s: float = 0.1,
         reuse_prefixes: bool = True,

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trajlab.chat.template import resolve_chat_template
 from trajlab.errors import UserError
 from trajlab.inference.base import Generator, is_server_url
+from trajlab.models.devices import AUTO
 
 PolicyLike = str | Path | Generator | PreTrainedModel
 """``"oracle"`` (the env's reference policy), a model directory, ``http://host:port/v1[#model]``, a loaded
@@ -35,11 +36,12 @@ class Policy:
 def load_policy(
     policy: PolicyLike | Policy,
     *,
+    device: str,
+    dtype: str,
+    backend: str,
+    max_batch_size: int,
     tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
     oracle: Any = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    backend: str = "hf",
     vision: bool = False,
 ) -> Policy:
     """Build the policy a user named.
@@ -49,6 +51,7 @@ def load_policy(
         tokenizer: the tokenizer (or its directory) trajectories are written in: optional for the oracle (default:
             the tiny offline model's), required for a server, a loaded model or a Generator.
         oracle: the env's reference policy, for ``"oracle"``.
+        max_batch_size: the most turns a model's generator batches (``rollout.concurrency``: never more run).
         device, dtype: where a model directory is loaded, in what dtype (see :func:`trajlab.models.loading.load_model`);
             other policies are already placed.
         backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
@@ -65,7 +68,7 @@ def load_policy(
     if isinstance(policy, str | Path):
         spec = str(policy)
         if spec == "oracle":
-            return _oracle_policy(oracle, tokenizer, vision)
+            return oracle_policy(oracle, tokenizer, vision)
         if is_server_url(spec):
             return _server_policy(spec, tokenizer)
         if not Path(spec).is_dir():
@@ -73,17 +76,19 @@ def load_policy(
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
-        return Policy(_model_generator(spec, loaded, backend, device, dtype, processor), loaded,
-                      resolve_chat_template(loaded), processor)
+        generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
+                                     max_batch_size=max_batch_size)
+        return Policy(generator, loaded, resolve_chat_template(loaded), processor)
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")
     loaded = _tokenizer(tokenizer)
     if isinstance(policy, PreTrainedModel):
-        generator: Generator = HFGenerator(policy, loaded, name=str(policy.name_or_path or "model"))
+        built: Generator = HFGenerator(policy, loaded, max_batch_size=max_batch_size,
+                                       name=str(policy.name_or_path or "model"))
     else:
-        generator = policy
-    return Policy(generator, loaded, resolve_chat_template(loaded))
+        built = policy
+    return Policy(built, loaded, resolve_chat_template(loaded))
 
 
 def _processor(path: str) -> Any:
@@ -93,20 +98,22 @@ def _processor(path: str) -> Any:
     return load_processor(path)
 
 
-def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, backend: str, device: str,
-                     dtype: str, processor: Any = None) -> Generator:
+def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, processor: Any, *, backend: str, device: str,
+                     dtype: str, max_batch_size: int) -> Generator:
     """The generator of a model directory on the chosen backend (vLLM places the model on its own platform; a dtype
     other than auto is passed on)."""
     if backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
 
-        return VLLMGenerator(path, name=path, engine_args=None if dtype == "auto" else {"dtype": dtype})
+        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path,
+                             engine_args=None if dtype == AUTO else {"dtype": dtype})
     if backend != "hf":
         raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
     from trajlab.inference.hf import HFGenerator
     from trajlab.models.loading import load_model
 
-    return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, name=path, processor=processor)
+    return HFGenerator(load_model(path, device=device, dtype=dtype), tokenizer, max_batch_size=max_batch_size,
+                       name=path, processor=processor)
 
 
 def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
@@ -115,7 +122,9 @@ def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTok
     return tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else load_tokenizer(tokenizer)
 
 
-def _oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool) -> Policy:
+def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool) -> Policy:
+    """The env's reference policy ``oracle`` writing its trajectories in ``tokenizer``'s tokens (default: the tiny
+    model's, or the tiny vision-language model's when the env shows images)."""
     from trajlab.inference.scripted import ScriptedGenerator
     from trajlab.models.tiny import ensure_default_model
     from trajlab.models.tiny_vision import ensure_default_vision_model

@@ -36,7 +36,7 @@ class VLLMGenerator(BatchingGenerator):
         max_batch_size: the most turns handed to one ``generate`` call.
         batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
         max_wait_s: ...or once this long has passed since its first request (see ``BatchingGenerator``).
-        seed: the engine's sampling seed.
+        seed: the engine's sampling seed, for requests without a seed of their own (None: vLLM's default).
         engine_args: more keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
             ``max_model_len``); they override the defaults below.
         name: the policy's name in trajectories.
@@ -56,10 +56,10 @@ class VLLMGenerator(BatchingGenerator):
         self,
         model_dir: str | Path,
         *,
-        max_batch_size: int = 256,
+        max_batch_size: int,
         batch_wait_s: float = 0.01,
         max_wait_s: float = 0.1,
-        seed: int = 0,
+        seed: int | None = None,
         engine_args: dict[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
@@ -78,12 +78,13 @@ class VLLMGenerator(BatchingGenerator):
         args: dict[str, Any] = {
             "model": str(model_dir),
             "dtype": _saved_dtype(model_dir),
-            "seed": seed,
             "enforce_eager": True,
             "skip_tokenizer_init": True,
             "logprobs_mode": "processed_logprobs",
             "enable_sleep_mode": self.sleep_supported,
         }
+        if seed is not None:
+            args["seed"] = seed
         self.llm = vllm.LLM(**(args | (engine_args or {})))
         self._vllm = vllm
         self.default_stops = _eos_ids(model_dir)

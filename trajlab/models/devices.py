@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import torch
 
+AUTO = "auto"
+"""The device and dtype trajlab picks (see :func:`resolve_device`, :func:`resolve_dtype`): the default of
+``model.device`` and ``model.dtype``, and of the loaders called without them."""
 
-def resolve_device(name: str | torch.device = "auto") -> torch.device:
+
+def resolve_device(name: str | torch.device = AUTO) -> torch.device:
     """The torch device ``model.device`` names: ``auto`` is the GPU when torch sees one, else the CPU.
 
     Raises:
@@ -13,7 +17,7 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
     """
     if isinstance(name, torch.device):
         return name
-    if name == "auto":
+    if name == AUTO:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
@@ -28,6 +32,7 @@ def resolve_device(name: str | torch.device = "auto") -> torch.device:
         raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} GPU(s), numbered from cuda:0")
     return device
 
+
 def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dtype | None = None) -> torch.dtype:
     """The weights' dtype ``model.dtype`` names on ``device``, for a checkpoint saved in ``saved``.
 
@@ -41,7 +46,7 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dt
     if isinstance(name, torch.dtype):
         return name
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    if name == "auto":
+    if name == AUTO:
         if device.type != "cuda":
             return torch.float32
         chosen = saved or torch.float32

@@ -24,7 +24,7 @@ from transformers import (
 )
 from trl.chat_template_utils import add_response_schema
 
-from trajlab.models.devices import resolve_device, resolve_dtype
+from trajlab.models.devices import AUTO, resolve_device, resolve_dtype
 from trajlab.models.tiny import TINY_CHAT_TEMPLATE, TINY_RESPONSE_TEMPLATE
 
 
@@ -40,6 +40,7 @@ def _require_local(name_or_path: str | Path, what: str) -> str:
         raise NotADirectoryError(f"cannot load {what}: {path} is a file, not a model directory")
     return str(path)
 
+
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer from a local directory, ready for chat rendering and tool-call parsing.
 
@@ -54,6 +55,7 @@ def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
         raise OSError(f"cannot load tokenizer: {path} is not a tokenizer directory ({e})") from e
     return _complete_tokenizer(tokenizer)
 
+
 def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Fill in what trajlab needs and a saved tokenizer may lack: a response template and a pad token."""
     if getattr(tokenizer, "response_template", None) is None:
@@ -66,25 +68,31 @@ def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokeniz
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
+
 def unwrapped_model(model: Any) -> Any:
     """The transformers model itself: for a PEFT model, the one it wraps."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
 
 def forward_inputs(model: Any) -> frozenset[str]:
     """The keyword inputs ``model``'s forward takes (a PEFT model's: the wrapped model's), to pass it only those."""
     return _forward_parameters(type(unwrapped_model(model)))
 
+
 @cache
 def _forward_parameters(model_type: type) -> frozenset[str]:
     return frozenset(inspect.signature(model_type.forward).parameters)
+
 
 def saved_dtype(name_or_path: str | Path) -> torch.dtype | None:
     """The dtype a local model directory's weights were saved in (its config.json), None when it does not say."""
     return _config_dtype(AutoConfig.from_pretrained(name_or_path, local_files_only=True))
 
+
 def _config_dtype(config: PreTrainedConfig) -> torch.dtype | None:
     saved = config.dtype
     return getattr(torch, saved) if isinstance(saved, str) else saved
+
 
 def _model_config(path: str, what: str) -> PreTrainedConfig:
     """A local model directory's config, with the errors a directory that is not a model deserves."""
@@ -95,12 +103,14 @@ def _model_config(path: str, what: str) -> PreTrainedConfig:
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load {what}: {path}/config.json is not a config transformers knows ({e})") from e
 
+
 def is_vision_language(config: PreTrainedConfig) -> bool:
     """Whether a config is an image-text-to-text model (Gemma 3, Qwen-VL, LLaVA, ...) rather than a text-only LM."""
     return type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+
 def load_model(
-    name_or_path: str | Path, *, device: str | torch.device = "auto", dtype: str | torch.dtype = "auto"
+    name_or_path: str | Path, *, device: str | torch.device = AUTO, dtype: str | torch.dtype = AUTO
 ) -> PreTrainedModel:
     """Load any local Hugging Face causal LM or vision-language model in eval mode on ``device`` in ``dtype`` (see
     :func:`resolve_device`, :func:`resolve_dtype`: by default the GPU when there is one, else the CPU in float32).
@@ -115,6 +125,7 @@ def load_model(
     auto = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
     model = auto.from_pretrained(path, local_files_only=True, dtype=chosen)
     return model.to(where).eval()
+
 
 def load_processor(name_or_path: str | Path) -> ProcessorMixin | None:
     """Load the processor (image processor, tokenizer, chat template) of a local vision-language model directory.

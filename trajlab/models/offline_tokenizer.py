@@ -57,11 +57,13 @@ def _argument_value(rng: random.Random, kind: str) -> int | float | str | bool:
         return rng.random() < 0.5
     return " ".join(rng.choices(_WORDS, k=rng.randint(1, 3)))
 
+
 def _sentence(rng: random.Random, low: int = 3, high: int = 14) -> str:
     words = rng.choices(_WORDS, k=rng.randint(low, high))
     for i in rng.sample(range(len(words)), k=min(2, len(words))):
         words[i] = str(rng.randint(0, 1000))
     return (" ".join(words).capitalize() + rng.choice((".", "?", "!", ":", ","))).strip()
+
 
 def _synthetic_chat(rng: random.Random) -> tuple[list[dict], list[dict]]:
     """One random multi-turn tool-calling conversation and its tool schemas."""

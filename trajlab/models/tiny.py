@@ -80,6 +80,7 @@ def _tiny_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.model_max_length = TINY_MODEL_CONFIG["max_position_embeddings"]
     return tokenizer
 
+
 def prepare_model_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
     """The directory a model builder writes to: empty or new, or an old model directory removed when `overwrite`.
 
@@ -95,7 +96,8 @@ def prepare_model_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
         shutil.rmtree(out)
     return out
 
-def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+
+def init_tiny_model(out_dir: str | Path, *, seed: int, overwrite: bool = False) -> Path:
     """Write the tiny offline default model, tokenizer and generation config to `out_dir`.
 
     The tokenizer is the same for every seed (its corpus is fixed); `seed` only sets the weights, so models built
@@ -124,14 +126,19 @@ def init_tiny_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = Fal
     tokenizer.save_pretrained(out)
     return out
 
+
 def default_model_dir() -> Path:
     """Where the tiny offline default model lives (``$TRAJLAB_HOME/tiny-model``, else under ``~/.cache/trajlab``)."""
     return Path(os.environ.get("TRAJLAB_HOME", Path.home() / ".cache" / "trajlab")) / "tiny-model"
+
+DEFAULT_MODEL_SEED = 0
+"""The default model's weight seed: what matters of it is its tokenizer, the same for every seed."""
+
 
 def ensure_default_model() -> Path:
     """The default model's directory, built on first use: what a command without a model (the oracle's tokens,
     ``trajlab.check_env``) renders its tokens with."""
     path = default_model_dir()
     if not (path / "config.json").exists():
-        init_tiny_model(path, overwrite=True)
+        init_tiny_model(path, seed=DEFAULT_MODEL_SEED, overwrite=True)
     return path

@@ -30,6 +30,7 @@ from transformers import (
 from trajlab.errors import require
 from trajlab.models.offline_tokenizer import build_offline_tokenizer
 from trajlab.models.tiny import (
+    DEFAULT_MODEL_SEED,
     TINY_ADDED_TOKENS,
     TINY_MODEL_CONFIG,
     TINY_RESPONSE_TEMPLATE,
@@ -106,7 +107,7 @@ def _tiny_vl_processor() -> Gemma3Processor:
     )
 
 
-def init_tiny_vision_model(out_dir: str | Path, *, seed: int = 0, overwrite: bool = False) -> Path:
+def init_tiny_vision_model(out_dir: str | Path, *, seed: int, overwrite: bool = False) -> Path:
     """Write the tiny offline vision-language model, its processor and generation config to `out_dir`.
 
     As with `init_tiny_model`, the tokenizer and processor are the same for every seed; `seed` only sets the
@@ -162,5 +163,5 @@ def ensure_default_vision_model() -> Path:
     tools return images writes its tokens with when no tokenizer is given."""
     path = default_vision_model_dir()
     if not (path / "config.json").exists():
-        init_tiny_vision_model(path, overwrite=True)
+        init_tiny_vision_model(path, seed=DEFAULT_MODEL_SEED, overwrite=True)
     return path

@@ -9,7 +9,7 @@ from trajlab.errors import require
 
 require("fastapi", feature="trajlab serve (and traces export)", install="pip install 'trajlab[serve]'")
 
-from trajlab.proxy.app import create_app  # noqa: E402 (after the check: a missing fastapi is one line)
+from trajlab.proxy.local import create_app  # noqa: E402 (after the check: a missing fastapi is one line)
 from trajlab.proxy.recording import SessionRecorder  # noqa: E402
 
 __all__ = ["SessionRecorder", "create_app"]

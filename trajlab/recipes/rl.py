@@ -28,9 +28,10 @@ from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import Policy
+from trajlab.models.devices import AUTO
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
-from trajlab.rollout.engine import EpisodeRunner
+from trajlab.rollout.runner import EpisodeRunner
 from trajlab.tracking import require_trackers
 from trajlab.train.curriculum import Curriculum, build_stages
 from trajlab.train.lora import lora_config
@@ -191,7 +192,7 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
     return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency,
-                         engine_args=None if placed.dtype == "auto" else {"dtype": placed.dtype})
+                         engine_args=None if placed.dtype == AUTO else {"dtype": placed.dtype})
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,

@@ -23,7 +23,8 @@ from trajlab.chat.parsers import get_parser
 from trajlab.env.base import HOOKS, EnvHandle, Environment, tool_names, tool_schema, tool_schemas
 from trajlab.env.registry import EnvSpec, load_env
 from trajlab.errors import UserError
-from trajlab.rollout.engine import Episode, RolloutEngine
+from trajlab.rollout.engine import RolloutEngine
+from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import task_id
 
 
@@ -235,13 +236,14 @@ def _oracle_problems(
     spec: EnvSpec, tasks: list[dict[str, Any]], tokenizer: str | Path | PreTrainedTokenizerBase | None
 ) -> list[str]:
     """Run the reference policy on ``tasks`` through the real engine; one sentence per task it did not solve."""
-    from trajlab.inference.policy import load_policy  # torch: imported only when needed
+    from trajlab.inference.policy import oracle_policy  # torch: imported only when needed
 
-    policy = load_policy("oracle", tokenizer=tokenizer, oracle=spec.oracle, vision=spec.shows_images)
+    policy = oracle_policy(spec.oracle, tokenizer, spec.shows_images)
     episodes = [Episode(f"check:{index}", task) for index, task in enumerate(tasks)]
     with RolloutEngine(spec, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
-                       parser=get_parser("auto", policy.tokenizer), processor=policy.processor) as engine:
-        trajectories = asyncio.run(engine.run(episodes, concurrency=8))
+                       parser=get_parser("auto", policy.tokenizer), seed=0, processor=policy.processor) as engine:
+        # not retried: an episode the env broke is what the check is for
+        trajectories = asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=0.0))
     problems = []
     for trajectory in sorted(trajectories, key=lambda t: int(t.id.split(":")[1])):
         if trajectory.status == "success":

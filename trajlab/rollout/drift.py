@@ -61,7 +61,7 @@ def check_token_drift(
     chat_template: str,
     parser: ToolCallParser,
     *,
-    max_drift: float = 0.0,
+    max_drift: float,
     processor: Any = None,
 ) -> tuple[list[Trajectory], list[Drift]]:
     """The trajectories whose tokens match their messages (drifted ones are never to be trained on), and the drifts.

@@ -16,15 +16,13 @@ never scored as the policy's failures.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
-import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -38,85 +36,11 @@ from trajlab.env.registry import EnvSpec
 from trajlab.errors import InfrastructureError
 from trajlab.inference.base import GenerationRequest, Generator, SamplingParams, request_seed
 from trajlab.rollout.images import decode_png, encode_png
+from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.tools import ToolThreads, execute_tool
 from trajlab.rollout.types import Status, TokenRecord, Trajectory
 
 EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
-logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Episode:
-    """A unit of rollout work: serialisable in (id + task), a Trajectory out."""
-
-    id: str
-    task: dict[str, Any]
-    split: str | None = None
-    group: str | None = None
-    """Copied into ``Trajectory.group``: episodes compared with each other for advantages (RL: one task's samples)."""
-
-
-class EpisodeRunner:
-    """Runs many episodes at once on one event loop; subclasses say how one episode runs.
-
-    A runner holds threads for env code: close it when done (``with engine:`` or :meth:`close`).
-    """
-
-    async def run_episode(self, episode: Episode) -> Trajectory:
-        raise NotImplementedError
-
-    async def run(
-        self,
-        episodes: Iterable[Episode],
-        *,
-        concurrency: int = 8,
-        on_result: Callable[[Trajectory], Awaitable[None] | None] | None = None,
-        retries: int = 0,
-        retry_backoff_s: float = 1.0,
-    ) -> list[Trajectory]:
-        """Run episodes, at most ``concurrency`` at once; ``on_result`` sees each trajectory as it finishes.
-
-        An episode that ends with status ``error`` (the machinery failed, not the policy) is run again, up to
-        ``retries`` times, after ``retry_backoff_s`` seconds, doubling with each retry (a server that went away may
-        come back); only its last attempt is returned, with ``metrics["attempts"]`` when there was more than one.
-        """
-        episodes = list(episodes)
-        self._check(episodes)
-        gate = asyncio.Semaphore(concurrency)
-        results: list[Trajectory] = []
-
-        async def one(episode: Episode) -> None:
-            async with gate:
-                trajectory = await self.run_episode(episode)
-            attempts = 1
-            while trajectory.status == "error" and attempts <= retries:
-                logger.warning("episode %s: %s; retrying (%d of %d)", episode.id, trajectory.error, attempts, retries)
-                await asyncio.sleep(retry_backoff_s * 2 ** (attempts - 1))  # holding no slot: others run meanwhile
-                async with gate:
-                    trajectory = await self.run_episode(episode)
-                attempts += 1
-            if attempts > 1:
-                trajectory.metrics["attempts"] = float(attempts)
-            results.append(trajectory)
-            if on_result is not None:
-                maybe = on_result(trajectory)
-                if maybe is not None:
-                    await maybe
-
-        await asyncio.gather(*(one(episode) for episode in episodes))
-        return results
-
-    def close(self) -> None:
-        """Release the runner's threads; running it again afterwards is an error."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _check(self, episodes: list[Episode]) -> None:
-        """Refuse episodes this runner cannot run, before any of them starts."""
 
 
 class RolloutEngine(EpisodeRunner):
@@ -150,7 +74,7 @@ class RolloutEngine(EpisodeRunner):
         sampling: SamplingParams | None = None,
         limits: Mapping[str, int | float | None] | None = None,
         system_prompt: str | None = None,
-        seed: int = 0,
+        seed: int,
         processor: Any = None,
     ) -> None:
         self.env = env

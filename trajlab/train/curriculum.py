@@ -28,7 +28,7 @@ from trajlab.config import ConfigError, CurriculumSettings, PromoteRule, Rollout
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
-from trajlab.rollout.engine import Episode, EpisodeRunner
+from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.types import TaskKey, Trajectory, task_id, task_key
 
 FILTER_PROBE = 1000

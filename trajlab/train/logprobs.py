@@ -31,7 +31,7 @@ def chosen_logprobs(
     hidden: torch.Tensor,
     head: Head,
     targets: torch.Tensor,
-    temperature: float = 1.0,
+    temperature: float,
     *,
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,8 +37,8 @@ from trajlab.chat.parsers import ToolCallParser
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.data.store import TrajectoryStore
 from trajlab.rollout.drift import check_token_drift
-from trajlab.rollout.engine import Episode, EpisodeRunner
 from trajlab.rollout.rewards import weighted_reward
+from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.types import Trajectory, task_id
 from trajlab.tracking import Trackers
 from trajlab.train.advantages import step_advantages

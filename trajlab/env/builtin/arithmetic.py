@@ -109,7 +109,7 @@ def operands_of(task: dict[str, Any]) -> list[int]:
     return [task[key] for key in OPERAND_KEYS[:len(task["ops"]) + 1]]
 
 
-def tasks(split: str, seed: int = 0, min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND,
+def tasks(split: str, seed: int, min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND,
           operations: int = 2) -> Iterator[dict[str, Any]]:
     """Tasks of one split, without repeats, ``operations`` operations on operands drawn from ``min_operand`` to
     ``max_operand``; membership depends on the task only, never on the seed or the knobs (a task is in the same split

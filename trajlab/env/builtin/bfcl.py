@@ -209,7 +209,7 @@ def split_of_index(index: int) -> str:
     return "validation" if split_of(f"bfcl-validation-{index}", test_fraction=0.125) == "test" else "train"
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int) -> Iterator[dict[str, Any]]:
     """The entries of one split, all categories mixed in a seeded order; a task is its id and category."""
     chosen = [(category, entry.index) for category in CATEGORIES for entry in bfcl_data.entries(category)
               if split_of_index(entry.index) == split]

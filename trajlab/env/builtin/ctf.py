@@ -235,7 +235,7 @@ def describe(result: SandboxResult, limits: SandboxLimits) -> str:
     return f"{text.rstrip()}\n[{status}]" if text.strip() else f"[{status}; no output]"
 
 
-def tasks(split: str, seed: int = 0, min_layers: int = MIN_LAYERS, max_layers: int = MAX_LAYERS
+def tasks(split: str, seed: int, min_layers: int = MIN_LAYERS, max_layers: int = MAX_LAYERS
           ) -> Iterator[dict[str, Any]]:
     """Tasks of one split in a seeded order: 400 layouts per kind, each in one split only (by the hash of its id).
 

@@ -288,7 +288,7 @@ def scenarios() -> Iterator[dict[str, Any]]:
                        "speed": speed, "hazards": hazards}
 
 
-def tasks(split: str, seed: int = 0, min_hazards: int = 1, max_hazards: int = MAX_HAZARDS) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int, min_hazards: int = 1, max_hazards: int = MAX_HAZARDS) -> Iterator[dict[str, Any]]:
     """Tasks of one split in a seeded order: the layouts with ``min_hazards`` to ``max_hazards`` hazards that the
     reference policy gets through with a margin.
 

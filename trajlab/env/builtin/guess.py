@@ -52,7 +52,7 @@ class GuessNumber(Environment):
         return "Higher." if n < self.secret else "Lower."
 
 
-def tasks(split: str, seed: int = 0, min_high: int = MIN_HIGH, max_high: int = MAX_HIGH) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int, min_high: int = MIN_HIGH, max_high: int = MAX_HIGH) -> Iterator[dict[str, Any]]:
     """Tasks of one split, ranges from 1 to each of ``RANGES`` between ``min_high`` and ``max_high``; a (range,
     secret) pair belongs to one split only, whatever the seed or the knobs."""
     highs = tuple(high for high in RANGES if min_high <= high <= max_high)

@@ -146,7 +146,7 @@ def grids() -> Iterator[dict[str, Any]]:
                    "odd_shape": odd_shape, "odd_color": odd_color}
 
 
-def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int) -> Iterator[dict[str, Any]]:
     """Tasks of one split in a seeded order; a task belongs to one split only, whatever the seed."""
     chosen = [task for task in grids() if split_of_task(task["task_id"]) == split]
     random.Random(seed).shuffle(chosen)

@@ -125,7 +125,7 @@ class Wordle(Environment):
         return f"Invalid guess: {problem}. It did not count; {_guesses(left)} left."
 
 
-def tasks(split: str, seed: int = 0, max_guesses: int = MAX_GUESSES) -> Iterator[dict[str, Any]]:
+def tasks(split: str, seed: int, max_guesses: int = MAX_GUESSES) -> Iterator[dict[str, Any]]:
     """Tasks of one split in a seeded order; a secret belongs to one split only, whatever the seed or the guesses
     allowed (a task with fewer guesses is another task, with its own id)."""
     order = list(WORDS)

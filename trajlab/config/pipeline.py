@@ -1,0 +1,147 @@
+"""The whole run's config (``PipelineConfig``: every section), read from YAML with overrides and validated; every
+problem said in one line, an unknown key with the closest valid one."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from trajlab.config.curriculum import CurriculumSettings
+from trajlab.config.sections import (
+    CollectSettings,
+    ConfigError,
+    DatasetSettings,
+    EvalSettings,
+    EvolveSettings,
+    ModelSettings,
+    RLSettings,
+    RolloutSettings,
+    Section,
+    ServeSettings,
+    SFTSettings,
+)
+from trajlab.env.mixture import EnvMixture, load_envs
+from trajlab.env.registry import EnvSpec
+from trajlab.tracking import TrackerName
+
+Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
+
+
+class PipelineConfig(Section):
+    """The whole pipeline: collect demonstrations -> dataset -> SFT -> eval -> RL -> eval, and optionally evolve."""
+
+    run_dir: str = "runs/run"
+    """Where every stage writes its results; re-running resumes from them."""
+    env: str | list[str] | None = None
+    """A registered env name or import path; a list (or comma-separated names) mixes envs in one run. Every stage
+    but sft needs one."""
+    difficulty: dict[str, int] = Field(default_factory=dict)
+    """Difficulty knobs of the env (``trajlab envs`` lists each env's), e.g. ``{max_operand: 20}``; in a mixture each
+    knob goes to the envs that have it. Every stage uses them except RL under a curriculum (its stages set theirs)."""
+    seed: int = 0
+    """Training seed (and task order of the collect and RL stages)."""
+    report_to: list[TrackerName] = Field(default_factory=list)
+    """Experiment trackers that also get every stage's metrics (sft, rl, eval, evolve): any of tensorboard, wandb,
+    trackio, mlflow, each in its offline or local mode unless its own settings say otherwise (README, "Metrics")."""
+    stages: list[Stage] = Field(default_factory=lambda: ["collect", "sft", "eval", "rl", "eval"])
+    """Stages run in order: collect, sft, eval, rl, evolve (eval may repeat)."""
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    """The starting model."""
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    """How episodes are rolled out in every stage."""
+    collect: CollectSettings = Field(default_factory=CollectSettings)
+    """The collect stage (and `trajlab collect`)."""
+    dataset: DatasetSettings = Field(default_factory=DatasetSettings)
+    """Turning demonstrations into the SFT dataset."""
+    sft: SFTSettings = Field(default_factory=SFTSettings)
+    """Supervised fine-tuning."""
+    rl: RLSettings = Field(default_factory=RLSettings)
+    """Online multi-turn RL."""
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    """Every eval stage (and `trajlab eval`)."""
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+    """Prompt evolution with GEPA."""
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    """`trajlab serve`: the recording server."""
+    curriculum: CurriculumSettings | None = None
+    """RL in stages (tasks, difficulty, limits and env mixture of each, and when to move on); None: RL on the run's
+    env throughout."""
+
+    def env_spec(self) -> EnvSpec | EnvMixture:
+        """The configured env (or mixture), loaded, at the configured difficulty.
+
+        Raises:
+            ConfigError: no env is configured.
+        """
+        if self.env is None:
+            raise ConfigError("no env: give --env, or a --config naming one (or --set env=NAME).")
+        env = load_envs(self.env)
+        return env.with_options(**self.difficulty) if self.difficulty else env
+
+
+def load_config(path: str | Path | None, overrides: dict | None = None) -> PipelineConfig:
+    """Read and validate a YAML config; ``overrides`` (nested dicts, e.g. from ``--set``) replace values from the file
+    (or, with no file, are the whole config). Every ``--config`` of every command goes through here.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or a section or key is unknown or invalid (each named, with
+            the closest valid name).
+    """
+    data, source = {}, "the command's options"
+    if path is not None:
+        path = source = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except (FileNotFoundError, IsADirectoryError) as exc:
+            raise ConfigError(f"{path}: no such config file") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
+    _merge(data, overrides or {})
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid config: {describe_errors(exc)}") from exc
+
+
+def _merge(base: dict, overrides: dict) -> None:
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's problem and its line and column, in one line (its own message spans several, with a caret)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
+def describe_errors(error: ValidationError, root: type[BaseModel] = PipelineConfig) -> str:
+    """Every problem in one line, "; "-separated: where it is, what is wrong; an unknown key names the closest valid
+    one."""
+    return "; ".join(_describe(item, root) for item in error.errors())
+
+
+def _describe(error: Any, root: type[BaseModel]) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] != "extra_forbidden":
+        message = error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+        return f"{where}: {message}"
+    section: type[BaseModel] = root
+    for part in error["loc"][:-1]:
+        if isinstance(part, int):  # a list's item: its model is the list's, found at the list's name
+            continue
+        annotation = section.model_fields[str(part)].annotation
+        section = next((a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)
+                        and issubclass(a, BaseModel)), section)
+    close = difflib.get_close_matches(str(error["loc"][-1]), list(section.model_fields), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{where}: unknown key{hint} (valid keys here: {', '.join(section.model_fields)})"
