@@ -12,9 +12,17 @@ import shutil
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from trajlab.models.offline_tokenizer import build_offline_tokenizer
 
@@ -119,11 +127,17 @@ def init_tiny_model(out_dir: str | Path, *, seed: int, overwrite: bool = False) 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config)
+    return save_tiny_model(model, tokenizer, tokenizer, out)
+
+
+def save_tiny_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, files: Any, out: Path) -> Path:
+    """Write a tiny model to ``out`` with ``files`` (its tokenizer, or a processor holding it), generating until
+    ``tokenizer``'s end of turn, padding with its pad token, no beginning-of-sequence token."""
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, bos_token_id=None
     )
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    files.save_pretrained(out)
     return out
 
 

@@ -23,7 +23,6 @@ from transformers import (
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessorPil,
     Gemma3Processor,
-    GenerationConfig,
     PreTrainedTokenizerFast,
 )
 
@@ -38,6 +37,7 @@ from trajlab.models.tiny import (
     TINY_VOCAB_SIZE,
     default_model_dir,
     prepare_model_dir,
+    save_tiny_model,
 )
 
 TINY_VL_CHAT_TEMPLATE: str = files("trajlab.chat").joinpath("templates/tiny_vl.jinja").read_text(encoding="utf-8")
@@ -145,12 +145,7 @@ def init_tiny_vision_model(out_dir: str | Path, *, seed: int, overwrite: bool = 
         # would leave every image embedding zero: a random one lets pixels reach the logits, as in a trained model.
         torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight,
                               std=config.initializer_range)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, bos_token_id=None
-    )
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    return save_tiny_model(model, tokenizer, processor, out)
 
 
 def default_vision_model_dir() -> Path:

@@ -10,6 +10,7 @@ get the trainer's weights after every optimizer step.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,15 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
         return rollout_engine(chosen.env, Policy(by, tokenizer, template, processor), rollout=rollout,
                               temperature=temperature, seed=seed, limits=chosen.limits)
 
+    @functools.cache
+    def judge() -> Generator:
+        """What held-out evaluations sample from (made at the first): the trained weights, so the sampler in the
+        synchronous loop, the policy itself when the sampler is a behaviour copy that lags behind."""
+        return generator if behaviour is None else HFGenerator(policy, tokenizer, max_batch_size=rollout.concurrency,
+                                                               processor=processor)
+
     def greedy(stage: int) -> EpisodeRunner:
-        """Held-out evaluations sample from the trained weights: the sampler in the synchronous loop, the policy
-        itself when the sampler is a behaviour copy that lags behind."""
-        judge = generator if behaviour is None else HFGenerator(policy, tokenizer, max_batch_size=rollout.concurrency,
-                                                                processor=processor)
-        return engine(stage, judge, 0.0)
+        return engine(stage, judge(), 0.0)
 
     # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
     # exactly what the update recomputes for the ratio
