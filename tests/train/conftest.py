@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from trajlab.models.loading import load_model, load_tokenizer
+from trajlab.models.tiny import init_tiny_model
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +27,9 @@ def terse_model_dir(tiny_model_dir, tmp_path_factory):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory):
+    """A second tiny model (other weights, same tokenizer): a sampler that is not the trainer."""
+    return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny-seed1", seed=1)

@@ -1,13 +1,29 @@
+"""Advantages within groups of rollouts of the same task: the estimators, turn-level credit, and a step's groups as
+the RL loop makes them (a task's place in the step, errors left out)."""
+
+import asyncio
+
 import pytest
 import torch
 
+from trajlab.chat.parsers import get_parser
+from trajlab.chat.template import resolve_chat_template
+from trajlab.config import RLSettings
+from trajlab.env import load_env
+from trajlab.env.mixture import load_envs
+from trajlab.inference.scripted import ScriptedGenerator
+from trajlab.models.loading import load_tokenizer
+from trajlab.rollout.engine import make_engine
+from trajlab.rollout.types import task_id
 from trajlab.train.advantages import (
     group_advantages,
     group_turn_advantages,
     returns_to_go,
     spread_over_turns,
+    step_advantages,
     turn_rewards_with_terminal,
 )
+from trajlab.train.rl import group_episodes
 
 REWARDS = torch.tensor([1.0, 0.0, 0.5, 0.5])
 
@@ -58,3 +74,58 @@ def test_a_turn_only_one_rollout_reached_keeps_its_previous_advantage():
 def test_spread_over_turns_credits_each_run_of_model_tokens():
     mask = [1, 1, 0, 0, 1, 0, 1, 1]
     assert spread_over_turns(mask, [0.5, -1.0, 2.0]) == [0.5, 0.5, 0, 0, -1.0, 0, 2.0, 2.0]
+
+
+def test_groups_are_the_steps_tasks_even_when_two_envs_repeat_a_task_id_and_ids_are_never_parsed(tiny_model_dir):
+    mixture = load_envs("arithmetic,guess")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    step_tasks = [{**task, "task_id": "0"} for _, task in zip(range(2), mixture.iter_tasks("train", seed=0),
+                                                              strict=False)]
+    assert [task["env"] for task in step_tasks] == ["arithmetic", "guess"]
+    episodes = [e for i, task in enumerate(step_tasks) for e in group_episodes(3, i, task, group_size=2)]
+    engine = make_engine(mixture, ScriptedGenerator(mixture.oracle, tokenizer, template), tokenizer,
+                         chat_template=template, parser=get_parser("auto", tokenizer), seed=0)
+    trajectories = sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)),
+                          key=lambda t: t.id)  # the engine returns them as done
+    assert [(t.env, task_id(t.task), t.group) for t in trajectories] == [
+        ("arithmetic", "0", "rl:3:0"), ("arithmetic", "0", "rl:3:0"), ("guess", "0", "rl:3:1"), ("guess", "0", "rl:3:1")
+    ]
+    rewards = [1.0, 0.0, 1.0, 1.0]  # arithmetic's group has signal, guess's is flat
+    settings = RLSettings(estimator="dr_grpo", credit="trajectory")
+
+    def per_rollout(ts):
+        advantages, stats = step_advantages(ts, rewards, settings)
+        values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit} for adv, t in zip(advantages, ts,
+                                                                                                        strict=True)]
+        return values, stats["zero_variance_groups"]
+
+    # One group of four (by task id) would give 0.25, -0.75, 0.25, 0.25 and no flat group.
+    assert per_rollout(trajectories) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
+    # Ids in any format, even ones whose prefixes would all say "one group": grouping follows Trajectory.group only.
+    renamed = [t.model_copy(update={"id": f"same:{n}"}) for n, t in enumerate(trajectories)]
+    assert per_rollout(renamed) == ([{0.5}, {-0.5}, {0.0}, {0.0}], 0.5)
+    with pytest.raises(ValueError, match="has no group"):
+        step_advantages([t.model_copy(update={"group": None}) for t in trajectories], rewards, settings)
+
+def test_an_episode_the_machinery_broke_is_no_zero_reward_in_its_group(tiny_model_dir):
+    """A rollout with status error gets no advantage and is left out of its group's statistics; a group with fewer
+    than two valid rollouts is skipped, not compared."""
+    env = load_env("arithmetic")
+    tokenizer = load_tokenizer(tiny_model_dir)
+    template = resolve_chat_template(tokenizer)
+    tasks = [task for _, task in zip(range(2), env.iter_tasks("train", seed=0), strict=False)]
+    episodes = [e for i, task in enumerate(tasks) for e in group_episodes(0, i, task, group_size=3)]
+    engine = make_engine(env, ScriptedGenerator(env.oracle, tokenizer, template), tokenizer, chat_template=template,
+                         parser=get_parser("auto", tokenizer), seed=0)
+    done = sorted(asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)), key=lambda t: t.id)
+    broken = {0, 3, 4}  # one of the first group's three, two of the second's
+    trajectories = [t.model_copy(update={"status": "error", "error": "the generator failed"}) if i in broken else t
+                    for i, t in enumerate(done)]
+    rewards = [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]  # as a zero, the error would pull its group's baseline down
+    advantages, stats = step_advantages(trajectories, rewards, RLSettings(estimator="dr_grpo", group_size=3,
+                                                                         credit="trajectory"))
+    model_values = [{a for a, bit in zip(adv, t.tokens.loss_mask, strict=True) if bit}
+                    for adv, t in zip(advantages, trajectories, strict=True)]
+    assert model_values == [{0.0}, {0.5}, {-0.5}, {0.0}, {0.0}, {0.0}]
+    assert stats == {"zero_variance_groups": 0.0, "groups_short": 2.0, "groups_skipped": 1.0}

@@ -3,8 +3,13 @@
 import pytest
 import torch
 
+from trajlab.config import RLSettings
 from trajlab.models.loading import load_model
-from trajlab.train.logprobs import chosen_logprobs
+from trajlab.rollout.types import TokenRecord, Trajectory
+from trajlab.train import logprobs as logprob_math
+from trajlab.train.batches import padded_batch
+from trajlab.train.logprobs import chosen_logprobs, token_logprobs
+from trajlab.train.loss import policy_loss
 
 
 def hidden_and_targets(model, rows=3, length=40):
@@ -52,3 +57,37 @@ def test_without_gradients_no_slice_is_kept_for_backward(tiny_model_dir):
     assert torch.allclose(logprobs, full.gather(-1, targets.unsqueeze(-1)).squeeze(-1), atol=1e-6,
                           rtol=4 * torch.finfo(torch.float32).eps)
     assert bool((entropy > 0).all()) and bool((entropy <= torch.log(torch.tensor(float(full.shape[-1])))).all())
+
+
+def test_a_shared_prompt_head_runs_once_with_the_same_logprobs_and_gradients(tiny_model_dir, tiny_tokenizer,
+                                                                             monkeypatch):
+    system = "<|im_start|>system\nYou solve arithmetic with the calculator tools, one call at a time.<|im_end|>\n"
+    questions = ["Compute (1 + 2) * 3.", "Compute (1 + 2) * 3.", "Compute (9 - 4) + 6."]
+    completions = ["<tool_call>\n{\"name\": \"add\"", "<tool_call>\n{\"name\": \"multiply\", \"arguments\"", "Hi"]
+    model = load_model(tiny_model_dir).train()
+    trajectories = []
+    for question, completion in zip(questions, completions, strict=True):
+        prompt = tiny_tokenizer.encode(f"{system}<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",
+                                       add_special_tokens=False)
+        ids = tiny_tokenizer.encode(completion, add_special_tokens=False)
+        tokens = TokenRecord(prompt_ids=prompt, completion_ids=ids, loss_mask=[1] * len(ids),
+                             logprobs=[-1.0] * len(ids))
+        trajectories.append(Trajectory(id="t", env="arithmetic", task={}, messages=[], tools=[], reward=1.0,
+                                       status="success", tokens=tokens))
+    batch = padded_batch(trajectories, [[0.5] * len(t.tokens.completion_ids) for t in trajectories],
+                  tiny_tokenizer.pad_token_id, torch.device("cpu"))
+    assert logprob_math.shared_head(batch["input_ids"], batch["completion_start"]) >= logprob_math.MIN_SHARED_HEAD
+
+    results = []
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(logprob_math, "MIN_SHARED_HEAD", 10**9)
+        model.zero_grad()
+        logprobs, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
+                                      1.0)
+        policy_loss(model, None, batch, RLSettings(), normaliser=3.0)["loss_tensor"].backward()
+        results.append((logprobs.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (shared_lp, shared_grad), (full_lp, full_grad) = results
+    mask = batch["attention_mask"][:, batch["completion_start"] :].bool()  # predicting padding means nothing
+    assert torch.allclose(shared_lp[mask], full_lp[mask], atol=1e-5)
+    assert full_grad.abs().sum() > 0 and torch.allclose(shared_grad, full_grad, atol=1e-6, rtol=1e-4)

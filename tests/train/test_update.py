@@ -1,0 +1,70 @@
+"""One RL step's optimizer steps on the real tiny model: rollouts without advantage skipped with the step unchanged,
+the trainer's logprobs recomputed when another engine sampled, the mismatch logged."""
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from trajlab.config import RLSettings
+from trajlab.models.loading import load_model
+from trajlab.train.batches import padded_batch
+from trajlab.train.loss import loss_normaliser, policy_loss
+from trajlab.train.update import PolicyUpdate
+
+from .rollouts import sampled_by, trajectory_with_model_logprobs
+
+
+def test_rollouts_without_advantage_are_skipped_and_the_step_is_unchanged(tiny_model_dir, tiny_tokenizer):
+    masks = [[1, 1, 1], [1, 1, 1, 1], [1, 1]]
+    advantages = [[0.5] * 3, [0.0] * 4, [-0.5] * 2]  # the middle rollout's group had no signal
+    settings = RLSettings(estimator="grpo", max_grad_norm=1e6)
+    pad = tiny_tokenizer.pad_token_id
+    weights, stats = [], {}
+    for skipping in (True, False):
+        model = load_model(tiny_model_dir).train()
+        trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if skipping:
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+            update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
+            stats, _ = update(trajectories, advantages, correct=False, shuffle_seed=0)
+        else:  # every rollout through the loss, as one batch
+            batch = padded_batch(trajectories, advantages, pad, torch.device("cpu"))
+            normaliser = loss_normaliser(trajectories, "grpo", 16)
+            policy_loss(model, None, batch, settings, normaliser)["loss_tensor"].backward()
+            optimizer.step()
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert stats["trained_sequences"] == 2
+    assert not torch.equal(weights[0], torch.cat([p.flatten() for p in load_model(tiny_model_dir).parameters()]))
+    assert torch.allclose(weights[0], weights[1], atol=1e-6)
+
+def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_model_dir, other_model_dir,
+                                                                        tiny_tokenizer):
+    masks = [[1, 1, 1, 0, 1], [1, 1, 1, 1, 1, 1], [1, 1]]
+    advantages = [[0.5] * 5, [-0.5] * 6, [0.0] * 2]
+    settings = RLSettings(importance_cap=1.5)
+    pad = tiny_tokenizer.pad_token_id
+    for sampler_dir in (other_model_dir, tiny_model_dir):
+        trainer = load_model(tiny_model_dir).train()
+        sampled, trainer_lp = sampled_by(load_model(sampler_dir), trainer, tiny_tokenizer, masks)
+        delta = torch.tensor([t - s.tokens.logprobs[i] for s, lps in zip(sampled, trainer_lp, strict=True)
+                              for i, t in enumerate(lps) if s.tokens.loss_mask[i]])
+        optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        stats = {}
+        for correct in (True, False):
+            update = PolicyUpdate(trainer, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
+            stats[correct], _ = update(sampled, advantages, correct=correct, shuffle_seed=0)
+            trainer.load_state_dict(load_model(tiny_model_dir).state_dict())
+        measured = stats[True]
+        assert measured["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)
+        assert measured["mismatch/kl"] == pytest.approx((delta.exp() - delta - 1).mean().item(), abs=1e-5)
+        assert measured["mismatch/clipped_share"] == pytest.approx((delta.exp() > 1.5).float().mean().item())
+        if sampler_dir == tiny_model_dir:  # on-policy: nothing to correct
+            assert measured["mismatch/abs_logprob"] < 1e-5 and measured["mismatch/clipped_share"] == 0.0
+        else:
+            assert measured["mismatch/abs_logprob"] > 0.1 and measured["mismatch/clipped_share"] > 0.0
+        # Without the correction the mismatch is still measured, on the rollouts trained before the first step.
+        trained = torch.tensor([bool(any(a)) for a, s in zip(advantages, sampled, strict=True)
+                                for bit in s.tokens.loss_mask if bit])
+        assert stats[False]["mismatch/abs_logprob"] == pytest.approx(delta[trained].abs().mean().item(), abs=1e-5)
