@@ -8,7 +8,8 @@ YAML key and a keyword argument are one setting; an argument left at None takes 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,18 +82,11 @@ def policy_label(policy: PolicyLike | Policy) -> str:
     return Path(policy).name
 
 
-class output_path:
+@contextmanager
+def output_path(out: str | Path | None, name: str) -> Iterator[Path]:
     """``out`` as a path, or, when there is none, ``name`` in a temporary directory removed afterwards."""
-
-    def __init__(self, out: str | Path | None, name: str) -> None:
-        self.out, self.name, self.tmp = out, name, None
-
-    def __enter__(self) -> Path:
-        if self.out is not None:
-            return Path(self.out)
-        self.tmp = tempfile.TemporaryDirectory(prefix="trajlab-")
-        return Path(self.tmp.name) / self.name
-
-    def __exit__(self, *exc: object) -> None:
-        if self.tmp is not None:
-            self.tmp.cleanup()
+    if out is not None:
+        yield Path(out)
+        return
+    with tempfile.TemporaryDirectory(prefix="trajlab-") as tmp:
+        yield Path(tmp) / name
