@@ -91,8 +91,10 @@ def synthetic_batch(batch: int, length: int, prompt: int, seed: int) -> dict[str
     }
 
 
-def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int, temperature: float) -> Any:
-    """Main's path before this change: the full float32 log-softmax (B, L, V), gathered, and the entropy from it."""
+def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int, temperature: float,
+                         images: Any = (), processor: Any = None) -> Any:
+    """Main's path before this change: the full float32 log-softmax (B, L, V), gathered, and the entropy from it
+    (text only: ``images`` and ``processor`` are token_logprobs' arguments, unused here)."""
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=input_ids.shape[1] - start + 1).logits
