@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,22 +74,24 @@ def real_vocab_model(seed: int) -> Any:
     return Qwen3ForCausalLM(config).train()
 
 
-def synthetic_batch(batch: int, length: int, prompt: int, seed: int) -> dict[str, Any]:
+def synthetic_batch(batch: int, length: int, prompt: int, seed: int, vocab: int = QWEN3_VOCAB,
+                    device: str = "cpu") -> dict[str, Any]:
+    """``batch`` episodes of ``length`` random token ids below ``vocab`` on ``device``, ``prompt`` of them without loss,
+    in the shape :func:`trajlab.train.batches.padded_batch` gives the loss; advantages from -1 to 1 across rows."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(2, QWEN3_VOCAB, (batch, length), generator=generator)  # (B, T)
+    input_ids = torch.randint(2, vocab, (batch, length), generator=generator)  # (B, T)
     completion = length - prompt
-    return {
+    tensors = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
         "loss_mask": torch.cat([torch.zeros(batch, prompt), torch.ones(batch, completion)], dim=1),
         "old_logprobs": torch.cat([torch.zeros(batch, prompt), torch.full((batch, completion), -12.0)], dim=1),
         "advantages": torch.cat([torch.zeros(batch, prompt), torch.linspace(-1, 1, batch)[:, None].expand(-1,
                                                                                              completion)], dim=1),
-        "completion_start": prompt,
-        "images": [],
     }
+    return {name: tensor.to(device) for name, tensor in tensors.items()} | {"completion_start": prompt, "images": []}
 
 
 def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int, temperature: float,
@@ -105,11 +108,39 @@ def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int,
     return logprobs, entropy
 
 
+def update_loss(framework: str, model: Any, tokenizer_dir: Path, rows: int,
+                device: str = "cpu") -> tuple[Any, Callable[[dict[str, Any]], Any]]:
+    """The model a step trains (TRL's trainer patches its own LM head in) and a function computing one step's loss
+    tensor on a batch of ``rows`` episodes (:func:`synthetic_batch`) the way ``framework`` (trajlab, trl, naive)
+    does; no KL term, temperature 1. ``tokenizer_dir``: a tokenizer for TRL's trainer (the ids are synthetic)."""
+    from trajlab.config import RLSettings
+    from trajlab.train import loss
+
+    if framework == "trl":
+        trainer = trl_trainer(model, tokenizer_dir, rows, device)
+
+        def trl_loss(batch: dict[str, Any]) -> Any:
+            prompt = batch["completion_start"]
+            return trainer._compute_loss(trainer.model, {
+                "prompt_ids": batch["input_ids"][:, :prompt],
+                "prompt_mask": batch["attention_mask"][:, :prompt],
+                "completion_ids": batch["input_ids"][:, prompt:],
+                "completion_mask": batch["attention_mask"][:, prompt:],
+                "advantages": batch["advantages"][:, prompt],  # (B,): one advantage per sequence
+                "old_per_token_logps": batch["old_logprobs"][:, prompt:],
+            })
+
+        return trainer.model, trl_loss
+    if framework == "naive":
+        loss.token_logprobs = naive_token_logprobs
+    settings = RLSettings(kl_coef=0.0, temperature=1.0, estimator="grpo")
+    return model, lambda batch: loss.policy_loss(model, None, batch, settings, normaliser=float(rows))["loss_tensor"]
+
+
 def update_worker(framework: str, args: argparse.Namespace, length: int) -> dict[str, Any]:
     import torch
 
-    from trajlab.config import RLSettings
-    from trajlab.train import logprobs, loss
+    from trajlab.train import logprobs
 
     if args.chunk_tokens:
         logprobs.CHUNK_TOKENS = args.chunk_tokens
@@ -117,40 +148,20 @@ def update_worker(framework: str, args: argparse.Namespace, length: int) -> dict
     model = real_vocab_model(args.seed)
     batch = synthetic_batch(args.batch, length, args.prompt_tokens, args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    settings = RLSettings(kl_coef=0.0, temperature=1.0, estimator="grpo")
-    if framework == "trl":
-        trainer = trl_trainer(model, args)
-        model = trainer.model
-        completion = slice(args.prompt_tokens, None)
-        inputs = {
-            "prompt_ids": batch["input_ids"][:, : args.prompt_tokens],
-            "prompt_mask": batch["attention_mask"][:, : args.prompt_tokens],
-            "completion_ids": batch["input_ids"][:, completion],
-            "completion_mask": batch["attention_mask"][:, completion],
-            "advantages": batch["advantages"][:, args.prompt_tokens],  # (B,): one advantage per sequence
-            "old_per_token_logps": batch["old_logprobs"][:, completion],
-        }
-
-        def step_loss() -> Any:
-            return trainer._compute_loss(model, inputs)
-    else:
-        if framework == "naive":
-            loss.token_logprobs = naive_token_logprobs
-
-        def step_loss() -> Any:
-            return loss.policy_loss(model, None, batch, settings, normaliser=float(args.batch))["loss_tensor"]
+    model, step_loss = update_loss(framework, model, args.tiny_model, args.batch)
 
     before = rss_bytes()
     began = time.perf_counter()
-    step_loss().backward()
+    step_loss(batch).backward()
     optimizer.step()
     optimizer.zero_grad()
     seconds = time.perf_counter() - began
     return {"peak": peak_bytes(), "before": before, "seconds": seconds}
 
 
-def trl_trainer(model: Any, args: argparse.Namespace) -> Any:
-    """A real GRPOTrainer around ``model`` (its constructor patches in TRL's fused LM head); no training loop runs."""
+def trl_trainer(model: Any, tokenizer_dir: Path, batch: int, device: str = "cpu") -> Any:
+    """A real GRPOTrainer around ``model`` on ``device`` (its constructor patches in TRL's fused LM head); no
+    training loop runs."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import PreTrainedTokenizerFast
@@ -158,16 +169,17 @@ def trl_trainer(model: Any, args: argparse.Namespace) -> Any:
 
     from trajlab.models.loading import load_tokenizer
 
-    tokenizer: PreTrainedTokenizerFast = load_tokenizer(args.tiny_model)  # a processing class; ids are synthetic
+    tokenizer: PreTrainedTokenizerFast = load_tokenizer(tokenizer_dir)  # a processing class; ids are synthetic
+    on_cpu = device == "cpu"
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="rl-memory-trl-"), use_cpu=True, bf16=False, report_to="none",
+        output_dir=tempfile.mkdtemp(prefix="rl-memory-trl-"), use_cpu=on_cpu, bf16=not on_cpu, report_to="none",
         # GRPO's config checks need a group of 2 or more; the loss below runs on the given batch, whatever its size.
-        save_strategy="no", per_device_train_batch_size=max(2, args.batch), num_generations=max(2, args.batch),
+        save_strategy="no", per_device_train_batch_size=max(2, batch), num_generations=max(2, batch),
         gradient_accumulation_steps=1, beta=0.0, loss_type="grpo", temperature=1.0, disable_tqdm=True,
         dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
-                          args=config, train_dataset=Dataset.from_list([{"prompt": "x"}] * max(2, args.batch)),
+                          args=config, train_dataset=Dataset.from_list([{"prompt": "x"}] * max(2, batch)),
                           processing_class=tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which does not run here

@@ -13,8 +13,9 @@ What runs, top to bottom:
      train tasks, in the same order, as dataset rows; tool calls parsed through ``tokenizer.response_template``.
    Both: ``tasks_per_step x group_size`` rollouts per step and one optimizer step on all of them, the same learning
    rate, temperature 1.0 (top-p 1, no top-k), no KL term, GRPO loss (mean over each sequence's tokens), at most
-   ``max_new_tokens`` per model turn and ``max_turns`` model turns, on the CPU. A warm-up step runs first and is
-   excluded; model loading and trainer construction are reported separately, checkpoint writing not at all.
+   ``max_new_tokens`` per model turn and ``max_turns`` model turns, on the CPU here (``benchmarks/gpu/rl_step.py``
+   runs these workers on a GPU in bfloat16). A warm-up step runs first and is excluded; model loading and trainer
+   construction are reported separately, checkpoint writing not at all.
 3. a table: seconds per step, split into rollouts and the rest (mostly the update), generated tokens per step and per
    second, the share of groups whose rollouts all got the same reward (no gradient signal), tool calls and
    ``model.generate`` calls per step, and TRL / trajlab ratios. Per-step records go to ``<work-dir>/results.json``.
@@ -39,22 +40,28 @@ quiet machine leave the default and record the machine next to the numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trajlab.config import RLSettings, RolloutSettings
 from trajlab.env.builtin.arithmetic import SPEC, Arithmetic
 
 FRAMEWORKS = ("trajlab", "trl")
 COUNTERS = ("tool_calls", "generate_calls", "sequences", "prefill_tokens", "generated_tokens")
+Probe = Callable[[str], dict[str, float]]
+"""Extra numbers a worker records at the end of every step, given the device (the GPU benchmark's peak memory)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +75,10 @@ class Shape:
     max_turns: int
     learning_rate: float
     seed: int
+    device: str = "cpu"
+    dtype: str = "float32"  # what the model is loaded and trained in, by both
+    budget_s: float | None = None  # a worker stops after the first step past this many seconds (at least 2 steps)
+    tool_latency_s: float = 0.0  # every tool call sleeps this long first
 
     @property
     def rollouts(self) -> int:
@@ -78,13 +89,25 @@ class Shape:
         return self.steps + 1
 
 
+class OutOfTime(Exception):
+    """Raised from a step's callback to end a synchronous ``trajlab.rl`` run early: no rollouts are in flight then."""
+
+
+def over_budget(budget_s: float | None, started: float, steps_done: int) -> bool:
+    """Whether a run that began at ``started`` should stop after its ``steps_done``-th step (it keeps 2)."""
+    return budget_s is not None and steps_done >= 2 and time.perf_counter() - started > budget_s
+
+
 class CountingArithmetic(Arithmetic):
-    """The arithmetic env, counting the tool calls it executes, process-wide (every tool scores its step)."""
+    """The arithmetic env counting the tool calls it executes, process-wide (every tool scores its step), each first
+    sleeping ``latency_s`` (``Shape.tool_latency_s``), as a sandbox or an API would."""
 
     executed = 0
+    latency_s = 0.0
     _lock = threading.Lock()
 
     def _score_step(self, name: str, arguments: dict[str, int]) -> None:
+        time.sleep(CountingArithmetic.latency_s)
         with CountingArithmetic._lock:
             CountingArithmetic.executed += 1
         super()._score_step(name, arguments)
@@ -93,10 +116,11 @@ class CountingArithmetic(Arithmetic):
 class Meter:
     """Cumulative counters of one worker, snapshotted at the end of every step."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str, probe: Probe | None = None) -> None:
         self.totals = dict.fromkeys(COUNTERS, 0)
         self.rollout_s = 0.0
         self.steps: list[dict[str, Any]] = []
+        self.device, self.probe = device, probe
 
     def generated(self, prefill_tokens: int, completions: list[list[int]]) -> None:
         """One ``model.generate`` call: the prompt tokens it fed through the model and its rows' decoded tokens."""
@@ -107,7 +131,9 @@ class Meter:
 
     def step_end(self, **extra: Any) -> None:
         self.totals["tool_calls"] = CountingArithmetic.executed
-        self.steps.append({"end": time.perf_counter(), "rollout_total_s": self.rollout_s, **self.totals, **extra})
+        probed = self.probe(self.device) if self.probe else {}
+        self.steps.append({"end": time.perf_counter(), "rollout_total_s": self.rollout_s, **self.totals, **extra,
+                           **probed})
 
     def per_step(self, started: float) -> list[dict[str, Any]]:
         """Per-step differences of the cumulative values; the first step's wall time counts from ``started``."""
@@ -131,13 +157,25 @@ def train_tasks(shape: Shape) -> list[dict[str, Any]]:
 # --- workers: each runs in its own process and returns {setup_s, steps: [...]} ---
 
 
-def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
+def trajlab_settings(shape: Shape, **changes: Any) -> tuple[RLSettings, RolloutSettings]:
+    """``trajlab.rl``'s settings for ``shape`` (``changes``: other ``RLSettings`` fields), as TRL is configured."""
+    settings = RLSettings(**{
+        "steps": shape.total_steps, "tasks_per_step": shape.tasks_per_step, "group_size": shape.group_size,
+        "estimator": "grpo", "credit": "trajectory", "rewards": {"env": 1.0}, "learning_rate": shape.learning_rate,
+        "temperature": 1.0, "kl_coef": 0.0, "epochs_per_step": 1, "minibatch_size": shape.rollouts,
+        "save_steps": 10**9, **changes,
+    })
+    rollout = RolloutSettings(max_turns=shape.max_turns, max_new_tokens=shape.max_new_tokens,
+                              max_episode_tokens=4096, concurrency=shape.rollouts)
+    return settings, rollout
+
+
+def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path, probe: Probe | None = None) -> dict[str, Any]:
     import trajlab
-    from trajlab.config import RLSettings, RolloutSettings
     from trajlab.inference.hf import HFGenerator
     from trajlab.models.loading import load_tokenizer
 
-    meter = Meter()
+    meter = Meter(shape.device, probe)
     generate_batch = HFGenerator._generate_batch
 
     def measured_generate_batch(self, requests, abandoned):  # instrumentation only: the same call, counted
@@ -148,25 +186,22 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
 
     HFGenerator._generate_batch = measured_generate_batch
 
-    settings = RLSettings(
-        steps=shape.total_steps, tasks_per_step=shape.tasks_per_step, group_size=shape.group_size,
-        estimator="grpo", credit="trajectory", rewards={"env": 1.0}, learning_rate=shape.learning_rate,
-        temperature=1.0, kl_coef=0.0, epochs_per_step=1, minibatch_size=shape.rollouts, save_steps=10**9,
-    )
-    rollout = RolloutSettings(max_turns=shape.max_turns, max_new_tokens=shape.max_new_tokens,
-                              max_episode_tokens=4096, concurrency=shape.rollouts)
+    settings, rollout = trajlab_settings(shape)
 
     def on_step(record: dict[str, float]) -> None:  # after the update, before any checkpoint is written
         meter.rollout_s += record["perf/rollout_s"]
         meter.step_end(reward=record["reward/mean"], update_s=record["perf/update_s"],
                        flat_groups=record["rollout/zero_variance_groups"],
                        framework_tokens=record["perf/tokens_per_s"] * record["perf/rollout_s"])
+        if over_budget(shape.budget_s, started, len(meter.steps)):
+            raise OutOfTime
 
     started = time.perf_counter()
     tokenizer = load_tokenizer(model_dir)
     env = dataclasses.replace(SPEC, env_cls=CountingArithmetic)
-    trajlab.rl(model_dir, env, out_dir, tokenizer=tokenizer, rollout=rollout, seed=shape.seed, on_step=on_step,
-               **settings.model_dump())
+    with contextlib.suppress(OutOfTime):
+        trajlab.rl(model_dir, env, out_dir, tokenizer=tokenizer, rollout=rollout, seed=shape.seed, on_step=on_step,
+                   device=shape.device, dtype=shape.dtype, **settings.model_dump())
     steps = meter.per_step(started)
     # trajlab.rl loads the model and builds its engine before step 1: setup is what step 1 took beyond its own work.
     setup_s = steps[0]["wall_s"] - steps[0]["rollout_s"] - steps[0]["update_s"]
@@ -174,7 +209,7 @@ def run_trajlab(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     return {"setup_s": setup_s, "steps": steps}
 
 
-def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
+def run_trl(shape: Shape, model_dir: Path, out_dir: Path, probe: Probe | None = None) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -182,7 +217,7 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
 
     from trajlab.models.loading import load_model, load_tokenizer
 
-    meter = Meter()
+    meter = Meter(shape.device, probe)
     logged: list[dict[str, float]] = []
 
     def env_reward(environments: list[CountingArithmetic], **_: Any) -> list[float]:
@@ -191,6 +226,7 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     class StepClock(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):  # after the optimizer step, before logging
             meter.step_end()
+            control.should_training_stop |= over_budget(shape.budget_s, train_started, len(meter.steps))
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "completions/mean_length" in logs:
@@ -201,8 +237,10 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
     prompt = [{"role": "system", "content": SPEC.system_prompt}, {"role": "user", "content": ""}]
     dataset = Dataset.from_list([{**task, "prompt": prompt} for task in train_tasks(shape)])
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, seed=shape.seed, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=False,
+        output_dir=str(out_dir), seed=shape.seed, report_to="none", save_strategy="no", logging_steps=1,
+        # the model is loaded in shape.dtype; bf16 also runs TRL's forward passes under bfloat16 autocast
+        use_cpu=shape.device == "cpu", bf16=shape.dtype == "bfloat16",
+        disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=False,
         max_steps=shape.total_steps, per_device_train_batch_size=shape.rollouts, gradient_accumulation_steps=1,
         num_generations=shape.group_size, num_iterations=1,
         learning_rate=shape.learning_rate, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
@@ -215,8 +253,9 @@ def run_trl(shape: Shape, model_dir: Path, out_dir: Path) -> dict[str, Any]:
         max_tool_calling_iterations=shape.max_turns - 1,
     )
     trainer = GRPOTrainer(
-        model=load_model(model_dir), reward_funcs=[env_reward], args=args, train_dataset=dataset,
-        processing_class=load_tokenizer(model_dir), environment_factory=CountingArithmetic, callbacks=[StepClock()],
+        model=load_model(model_dir, device=shape.device, dtype=shape.dtype), reward_funcs=[env_reward], args=args,
+        train_dataset=dataset, processing_class=load_tokenizer(model_dir), environment_factory=CountingArithmetic,
+        callbacks=[StepClock()],
     )
     generate, generate_single_turn = trainer._generate, trainer._generate_single_turn
 
@@ -309,12 +348,13 @@ def sft_warm_start(base: Path, out: Path, demos: list[Any], steps: int, seed: in
     tokenizer.save_pretrained(out)
 
 
-def run_worker(framework: str, shape: Shape, model_dir: Path, out_dir: Path, threads: int) -> dict[str, Any]:
-    """Run one framework in a fresh interpreter and read back its result."""
+def run_worker(framework: str, shape: Shape, model_dir: Path, out_dir: Path, threads: int,
+               script: Path = Path(__file__)) -> dict[str, Any]:
+    """Run one framework in a fresh interpreter (``script``'s ``--worker``) and read back its result."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result_file = out_dir / "result.json"
     result_file.unlink(missing_ok=True)
-    command = [sys.executable, __file__, "--worker", framework, "--shape", json.dumps(dataclasses.asdict(shape)),
+    command = [sys.executable, str(script), "--worker", framework, "--shape", json.dumps(dataclasses.asdict(shape)),
                "--model", str(model_dir), "--out", str(out_dir), "--threads", str(threads)]
     began = time.perf_counter()
     subprocess.run(command, check=True)
@@ -323,65 +363,58 @@ def run_worker(framework: str, shape: Shape, model_dir: Path, out_dir: Path, thr
     return result
 
 
-def summarize(framework: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Means over the timed steps (the warm-up step excluded)."""
+def summarize(framework: str, result: dict[str, Any],
+              average: Callable[[list[float]], float] = statistics.mean) -> dict[str, Any]:
+    """Each per-step number ``average``d over the timed steps (the warm-up step excluded): means here, medians in
+    the GPU benchmark; rates are the averaged tokens over the averaged seconds. A probed peak is the timed steps'
+    highest."""
     timed = result["steps"][1:]
-    n = len(timed)
-    wall = sum(s["wall_s"] for s in timed)
-    rollout = sum(s["rollout_s"] for s in timed)
-    generated = sum(s["generated_tokens"] for s in timed)
+
+    def per_step(key: str) -> float:
+        return average([s.get(key, math.nan) for s in timed])
+
+    wall, rollout, generated = per_step("wall_s"), per_step("rollout_s"), per_step("generated_tokens")
     return {
-        "framework": framework,
-        "steps": n,
-        "s_per_step": wall / n,
-        "rollout_s_per_step": rollout / n,
-        "rest_s_per_step": (wall - rollout) / n,
-        "generated_per_step": generated / n,
-        "generated_per_s": generated / wall,
+        "framework": framework, "steps": len(timed), "s_per_step": wall, "rollout_s_per_step": rollout,
+        "rest_s_per_step": average([s["wall_s"] - s["rollout_s"] for s in timed]),
+        "generated_per_step": generated, "generated_per_s": generated / wall,
         "rollout_tokens_per_s": generated / rollout if rollout else math.nan,
-        "tool_calls_per_step": sum(s["tool_calls"] for s in timed) / n,
-        "generate_calls_per_step": sum(s["generate_calls"] for s in timed) / n,
-        "prefill_per_step": sum(s["prefill_tokens"] for s in timed) / n,
-        "reward": sum(s.get("reward", math.nan) for s in timed) / n,
-        "flat_groups": sum(s.get("flat_groups", math.nan) for s in timed) / n,
-        "setup_s": result["setup_s"],
-        "warmup_s": result["steps"][0]["wall_s"],
+        "tool_calls_per_step": per_step("tool_calls"), "model_turns_per_step": per_step("sequences"),
+        "generate_calls_per_step": per_step("generate_calls"), "prefill_per_step": per_step("prefill_tokens"),
+        "reward": per_step("reward"), "flat_groups": per_step("flat_groups"),
+        "peak_gb": max((s["peak_gb"] for s in timed if "peak_gb" in s), default=math.nan),
+        "setup_s": result["setup_s"], "warmup_s": result["steps"][0]["wall_s"],
     }
 
 
 COLUMNS = (  # (header, key, format)
-    ("framework", "framework", "{}"),
-    ("steps", "steps", "{}"),
-    ("s/step", "s_per_step", "{:.2f}"),
-    ("rollout s/step", "rollout_s_per_step", "{:.2f}"),
-    ("update+rest s/step", "rest_s_per_step", "{:.2f}"),
-    ("gen tok/step", "generated_per_step", "{:.0f}"),
-    ("gen tok/s", "generated_per_s", "{:.0f}"),
-    ("gen tok/s in rollout", "rollout_tokens_per_s", "{:.0f}"),
-    ("tool calls/step", "tool_calls_per_step", "{:.1f}"),
-    ("generate calls/step", "generate_calls_per_step", "{:.1f}"),
-    ("prefill tok/step", "prefill_per_step", "{:.0f}"),
-    ("reward", "reward", "{:.3f}"),
-    ("flat groups", "flat_groups", "{:.0%}"),
-    ("setup s", "setup_s", "{:.1f}"),
+    ("framework", "framework", "{}"), ("steps", "steps", "{}"), ("s/step", "s_per_step", "{:.2f}"),
+    ("rollout s/step", "rollout_s_per_step", "{:.2f}"), ("update+rest s/step", "rest_s_per_step", "{:.2f}"),
+    ("gen tok/step", "generated_per_step", "{:.0f}"), ("gen tok/s", "generated_per_s", "{:.0f}"),
+    ("gen tok/s in rollout", "rollout_tokens_per_s", "{:.0f}"), ("tool calls/step", "tool_calls_per_step", "{:.1f}"),
+    ("generate calls/step", "generate_calls_per_step", "{:.1f}"), ("prefill tok/step", "prefill_per_step", "{:.0f}"),
+    ("reward", "reward", "{:.3f}"), ("flat groups", "flat_groups", "{:.0%}"), ("setup s", "setup_s", "{:.1f}"),
     ("warm-up s", "warmup_s", "{:.1f}"),
 )
 RATIOS = ("s_per_step", "rollout_s_per_step", "rest_s_per_step", "generated_per_step", "generated_per_s",
           "rollout_tokens_per_s", "prefill_per_step")
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    cells = [[header for header, _, _ in COLUMNS]]
-    cells += [[fmt.format(row[key]) for _, key, fmt in COLUMNS] for row in rows]
+def table(rows: list[dict[str, Any]], columns: tuple[tuple[str, str, str], ...] = COLUMNS,
+          ratios: tuple[str, ...] = RATIOS) -> str:
+    """A Markdown table of ``summarize``'s rows, ``columns`` as (header, key, format), and a TRL / trajlab row of
+    the ``ratios`` keys."""
+    cells = [[header for header, _, _ in columns]]
+    cells += [[fmt.format(row[key]) for _, key, fmt in columns] for row in rows]
     by_name = {row["framework"]: row for row in rows}
     if set(by_name) == set(FRAMEWORKS):
         trajlab, trl = by_name["trajlab"], by_name["trl"]
-        ratio = ["trl/trajlab", ""] + ["" for _ in COLUMNS[2:]]
-        for index, (_, key, _) in enumerate(COLUMNS):
-            if key in RATIOS and trajlab[key]:
+        ratio = ["trl/trajlab"] + ["" for _ in columns[1:]]
+        for index, (_, key, _) in enumerate(columns):
+            if key in ratios and trajlab[key]:
                 ratio[index] = f"{trl[key] / trajlab[key]:.2f}x"
         cells.append(ratio)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |"
              for row in cells]
     lines.insert(1, "|" + "|".join("-" * (width + 2) for width in widths) + "|")
@@ -418,7 +451,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, probe: Probe | None = None) -> None:
+    """The benchmark, or (``--worker``) one framework's run inside its process, calling ``probe`` every step."""
     args = parse_args(argv)
     if args.threads:
         import torch
@@ -426,7 +460,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if args.worker:  # inside a worker process
         shape = Shape(**json.loads(args.shape))
-        result = WORKERS[args.worker](shape, args.model, args.out)
+        CountingArithmetic.latency_s = shape.tool_latency_s
+        result = WORKERS[args.worker](shape, args.model, args.out, probe)
         (args.out / "result.json").write_text(json.dumps(result, indent=1))
         return
 

@@ -56,9 +56,10 @@ def _declared() -> dict[str, set[str]]:
 def _third_party_imports(folder: Path) -> dict[str, str]:
     """Top-level module names imported anywhere under ``folder`` that are neither stdlib nor local, with a file.
 
-    A module beside a script (``benchmarks/_seeds.py``, imported by the scripts run from that folder) is local."""
+    A module of the folder's own scripts (``benchmarks/_seeds.py``, which the scripts run from that folder import, and
+    ``benchmarks/rl_memory.py``, which ``benchmarks/gpu`` imports through its path) is local."""
     found: dict[str, str] = {}
-    siblings = {path.stem for path in folder.glob("*.py")}
+    scripts = {path.stem for path in folder.rglob("*.py")}
     for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -69,7 +70,7 @@ def _third_party_imports(folder: Path) -> dict[str, str]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in {"trajlab", "tests", "benchmarks", *siblings}:
+                if top not in sys.stdlib_module_names and top not in {"trajlab", "tests", "benchmarks", *scripts}:
                     found.setdefault(top, str(path.relative_to(ROOT)))
     return found
 
