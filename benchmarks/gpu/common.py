@@ -1,0 +1,211 @@
+"""What every GPU measurement shares: the scale, the benchmark models, the tool-latency env, timing and peak memory.
+
+Each measurement module (``rl_step``, ``rollouts``, ``async_rl``, ``sft``, ``update_memory``) exposes
+``measure(scale: Scale, work: Path) -> dict`` and runs in its own fresh interpreter (``run.py --one NAME``), so the
+peak memory it reports is its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B); the weights are random.
+QWEN3 = {
+    "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+    "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
+}
+QWEN3_VOCAB = 151_936
+QWEN3_SHARED = {"max_position_embeddings": 40_960, "rope_theta": 1_000_000.0,
+                "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+SMOKE_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """Every size the measurements use: ``full()`` on the GPU, ``smoke()`` on a CPU in minutes."""
+
+    smoke: bool
+    device: str
+    arch: str
+    shape: dict[str, int]
+    vocab_size: int  # Qwen3's on the GPU; above the tiny tokenizer's in the smoke run too, so unseen ids exist
+    repeats: int  # timed repetitions after one warm-up; the median is reported
+    warm_start_steps: int  # SFT steps on reference demos, so the random model writes tool calls
+    warm_start_lr: float
+    tasks_per_step: int
+    group_size: int
+    max_turns: int
+    max_new_tokens: int
+    tool_latency_s: float  # async_rl's tools: long enough that rollouts and updates take similar time
+    step_tool_latency_s: float  # rl_step's: TRL calls a synchronous tool's calls one after another, so keep it short
+    async_steps: int
+    rollout_batch: int  # rollouts measurement: prompts per batch
+    rollout_prompt: int  # and their length in tokens
+    sft_tokens: int
+    update_tokens: tuple[int, ...]
+
+    @classmethod
+    def full(cls, arch: str = "qwen3-0.6b") -> Scale:
+        return cls(smoke=False, device="cuda", arch=arch, shape=QWEN3[arch], vocab_size=QWEN3_VOCAB, repeats=3,
+                   warm_start_steps=150, warm_start_lr=1e-3,
+                   tasks_per_step=8, group_size=8, max_turns=4, max_new_tokens=256,
+                   tool_latency_s=0.5, step_tool_latency_s=0.05, async_steps=4,
+                   rollout_batch=64, rollout_prompt=256, sft_tokens=4096, update_tokens=(2048, 8192, 32768))
+
+    @classmethod
+    def for_smoke(cls) -> Scale:
+        return cls(smoke=True, device="cpu", arch="smoke", shape=SMOKE_SHAPE, vocab_size=2048, repeats=3,
+                   warm_start_steps=80, warm_start_lr=1e-2,
+                   tasks_per_step=2, group_size=2, max_turns=3, max_new_tokens=32,
+                   tool_latency_s=0.05, step_tool_latency_s=0.01, async_steps=3,
+                   rollout_batch=4, rollout_prompt=32, sft_tokens=256, update_tokens=(128, 256))
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if self.smoke else "bfloat16"
+
+
+def scale_from_json(text: str) -> Scale:
+    fields = json.loads(text)
+    fields["update_tokens"] = tuple(fields["update_tokens"])
+    return Scale(**fields)
+
+
+# --- models ---
+
+
+def build_random_model(scale: Scale, out: Path, seed: int = 0) -> Path:
+    """A randomly initialised Qwen3 of ``scale``'s shape and vocabulary (Qwen3's full one on the GPU), saved in
+    ``scale.dtype`` with the tiny offline tokenizer (its ids are a prefix of the vocabulary; the rest are never seen
+    in training data). Cached: an existing directory is reused."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trajlab.models.loading import load_tokenizer
+    from trajlab.models.tiny import init_tiny_model, save_tiny_model
+
+    if (out / "config.json").exists():
+        return out
+    tiny = init_tiny_model(out.parent / "tiny-tokenizer-source", seed=seed, overwrite=True)
+    tokenizer = load_tokenizer(tiny)
+    config = Qwen3Config(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None, vocab_size=scale.vocab_size, **QWEN3_SHARED,
+                         **scale.shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(getattr(torch, scale.dtype))
+    return save_tiny_model(model, tokenizer, tokenizer, out)
+
+
+def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
+    """The random model after ``scale.warm_start_steps`` of SFT on the arithmetic env's reference demonstrations,
+    so that it writes parseable tool calls and RL episodes take several turns. Cached in ``work``."""
+    import trajlab
+    from trajlab.data.store import read_trajectories
+    from trajlab.env.builtin.arithmetic import SPEC
+
+    out = work / f"{scale.arch}-warm{scale.warm_start_steps}"
+    if (out / "config.json").exists():
+        return out
+    base = build_random_model(scale, work / f"{scale.arch}-random", seed)
+    demos = work / "warm-start-demos.jsonl"
+    if not demos.exists():
+        trajlab.collect(SPEC, "oracle", out=demos, episodes=400, seed=seed + 1, tokenizer=str(base),
+                        rollout={"concurrency": 64})
+    progress(f"warm start: {scale.warm_start_steps} SFT steps on {demos.name}")
+    run = work / f"warm-start-run-{scale.warm_start_steps}"
+    trajlab.sft(str(base), list(read_trajectories(demos)), run, device=scale.device,
+                dtype="float32", max_steps=scale.warm_start_steps, batch_size=16, warmup_steps=10, save_steps=10**9,
+                learning_rate=scale.warm_start_lr)
+    _save_as(run / "final", out, scale.dtype)
+    return out
+
+
+def _save_as(source: Path, out: Path, dtype: str) -> None:
+    import torch
+
+    from trajlab.models.loading import load_model, load_tokenizer
+
+    model = load_model(source, device="cpu", dtype="float32").to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    load_tokenizer(source).save_pretrained(out)
+
+
+# --- the tool-latency env ---
+
+
+def latency_env(latency_s: float) -> Any:
+    """The arithmetic env with every tool sleeping ``latency_s`` first: a stand-in for a sandbox or an API (named as
+    such; benchmarks only)."""
+    from trajlab.env.base import tool_names
+    from trajlab.env.builtin.arithmetic import SPEC
+
+    def slowed(tool: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(tool)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            time.sleep(latency_s)
+            return tool(self, *args, **kwargs)
+
+        return call
+
+    tools = {name: slowed(getattr(SPEC.env_cls, name)) for name in tool_names(SPEC.env_cls)}
+    slow_cls = type(f"Latency{SPEC.env_cls.__name__}", (SPEC.env_cls,), tools)
+    return dataclasses.replace(SPEC, name="latency_arithmetic", env_cls=slow_cls)
+
+
+# --- timing, memory, progress ---
+
+
+def progress(message: str) -> None:
+    print(f"[gpu-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def median_after_warmup(run: Callable[[], dict[str, float]], repeats: int, label: str) -> dict[str, Any]:
+    """One warm-up call, then ``repeats`` timed ones: the median of each number ``run`` returns, and every rep."""
+    progress(f"{label}: warm-up")
+    warmup = run()
+    reps = []
+    for index in range(repeats):
+        reps.append(run())
+        progress(f"{label}: repetition {index + 1}/{repeats}: " + ", ".join(
+            f"{key} {value:.3g}" for key, value in reps[-1].items() if isinstance(value, int | float)))
+    keys = [key for key, value in reps[0].items() if isinstance(value, int | float)]
+    return {"median": {key: statistics.median(rep[key] for rep in reps) for key in keys}, "reps": reps,
+            "warmup": warmup}
+
+
+def reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb(device: str) -> float:
+    """Peak GPU memory allocated since :func:`reset_peak` on a GPU; on the CPU the process's peak RSS (smoke runs:
+    the number only has to be there)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
