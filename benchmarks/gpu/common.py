@@ -8,16 +8,18 @@ peak memory it reports is its own.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 # Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B); the weights are random.
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # benchmarks/, after this folder: _latency, rl_memory...
+
 QWEN3 = {
     "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
@@ -146,22 +148,12 @@ def _save_as(source: Path, out: Path, dtype: str) -> None:
 
 
 def latency_env(latency_s: float) -> Any:
-    """The arithmetic env with every tool sleeping ``latency_s`` first: a stand-in for a sandbox or an API (named as
-    such; benchmarks only)."""
-    from trajlab.env.base import tool_names
+    """The arithmetic env with every tool sleeping ``latency_s`` first (benchmarks/_latency.py)."""
+    from _latency import slow_tools
+
     from trajlab.env.builtin.arithmetic import SPEC
 
-    def slowed(tool: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(tool)
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            time.sleep(latency_s)
-            return tool(self, *args, **kwargs)
-
-        return call
-
-    tools = {name: slowed(getattr(SPEC.env_cls, name)) for name in tool_names(SPEC.env_cls)}
-    slow_cls = type(f"Latency{SPEC.env_cls.__name__}", (SPEC.env_cls,), tools)
-    return dataclasses.replace(SPEC, name="latency_arithmetic", env_cls=slow_cls)
+    return slow_tools(SPEC, latency_s)
 
 
 # --- timing, memory, progress ---
