@@ -51,11 +51,15 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
                               for i, t in enumerate(lps) if s.tokens.loss_mask[i]])
         optimizer = torch.optim.SGD(trainer.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        stats = {}
+        stats, logprobs = {}, {}
         for correct in (True, False):
             update = PolicyUpdate(trainer, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
-            stats[correct], _ = update(sampled, advantages, correct=correct, shuffle_seed=0)
+            stats[correct], logprobs[correct] = update(sampled, advantages, correct=correct, shuffle_seed=0)
             trainer.load_state_dict(load_model(tiny_model_dir).state_dict())
+        # The rollout without advantage trains on nothing: neither measured nor recomputed, with or without correction.
+        trained = torch.tensor([bool(any(a)) for a, s in zip(advantages, sampled, strict=True)
+                                for bit in s.tokens.loss_mask if bit])
+        delta = delta[trained]
         measured = stats[True]
         assert measured["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)
         assert measured["mismatch/kl"] == pytest.approx((delta.exp() - delta - 1).mean().item(), abs=1e-5)
@@ -64,7 +68,6 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
             assert measured["mismatch/abs_logprob"] < 1e-5 and measured["mismatch/clipped_share"] == 0.0
         else:
             assert measured["mismatch/abs_logprob"] > 0.1 and measured["mismatch/clipped_share"] > 0.0
+        assert sorted(logprobs[True]) == sorted(logprobs[False]) == [0, 1], "recomputed only for what trains"
         # Without the correction the mismatch is still measured, on the rollouts trained before the first step.
-        trained = torch.tensor([bool(any(a)) for a, s in zip(advantages, sampled, strict=True)
-                                for bit in s.tokens.loss_mask if bit])
-        assert stats[False]["mismatch/abs_logprob"] == pytest.approx(delta[trained].abs().mean().item(), abs=1e-5)
+        assert stats[False]["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)

@@ -53,22 +53,23 @@ class PolicyUpdate:
         (``mismatch/...``), and the trainer's logprobs of each rollout's completion tokens (by index) as they were
         before the first optimizer step, for the rollouts this process computed them for.
 
-        ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed for
-        every rollout first (the "old" policy of the clipped ratio) and each token's loss is weighted by the
+        ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed first
+        for every rollout that trains (the "old" policy of the clipped ratio) and each token's loss is weighted by the
         truncated importance weight. Without it the mismatch is measured on the passes before the first optimizer
-        step. ``shuffle_seed`` orders the minibatches.
+        step; either way on the rollouts that train. ``shuffle_seed`` orders the minibatches.
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:
             return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
         lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids)
                    for i in usable}
-        mismatch = MismatchSums()
-        trainer_logprobs = (self.trainer_logprobs(trajectories, sorted(usable, key=lengths.__getitem__), mismatch)
-                            if correct else {})
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
-        # gradient without a KL term: skip its forward and backward. Normalisers still count it: the same step.
+        # gradient without a KL term: skip its forward and backward (and its recomputed logprobs). Normalisers still
+        # count it: the same step.
         silent = {i for i in usable if not any(token_advantages[i])} if self.settings.kl_coef == 0 else set()
+        mismatch = MismatchSums()
+        trained = sorted((i for i in usable if i not in silent), key=lengths.__getitem__)
+        trainer_logprobs = self.trainer_logprobs(trajectories, trained, mismatch) if correct else {}
         totals, passes, steps, grad_norm = dict.fromkeys(LOSS_STATS, 0.0), 0, 0, 0.0
         for minibatch in self._minibatches(usable, lengths, shuffle_seed):
             normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
