@@ -7,11 +7,15 @@ peak memory it reports is its own.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
+import os
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -201,3 +205,37 @@ def synchronize(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+# --- a measurement's workers: each side or length in its own interpreter ---
+
+
+def spawn_worker(script: str, key: str | int, scale: Scale, work: Path,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """``script``'s worker for ``key`` in a fresh interpreter (see :func:`worker_main`), offline: its result, or
+    ``{"error": ...}`` with the end of its stderr."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no network: a hub lookup (e.g. a flash kernel) fails at once
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, script, "--worker", str(key), "--scale", json.dumps(dataclasses.asdict(scale)),
+                   "--work", str(work), "--out", str(out)]
+        try:
+            done = subprocess.run(command, stderr=subprocess.PIPE, text=True, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout_s:.0f} s"}
+        if done.returncode == 0 and out.exists():
+            return json.loads(out.read_text())
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()] or ["(no stderr)"]
+        sys.stderr.write("\n".join(lines[-30:]) + "\n")
+        return {"error": f"exit {done.returncode}: {lines[-1][:300]}"}
+
+
+def worker_main(worker: Callable[[Any, Scale, Path], dict[str, Any]], key_type: Callable[[str], Any] = str) -> None:
+    """A worker's interpreter, started by :func:`spawn_worker`: ``worker(key, scale, work)`` to ``--out``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", type=key_type, required=True)
+    parser.add_argument("--scale", required=True)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.write_text(json.dumps(worker(args.worker, scale_from_json(args.scale), args.work), indent=1))

@@ -31,15 +31,9 @@ that hangs or crawls.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import math
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,8 +47,9 @@ from common import (  # noqa: E402
     peak_gb,
     progress,
     reset_peak,
-    scale_from_json,
+    spawn_worker,
     synchronize,
+    worker_main,
 )
 
 SIDES = {"generate": "plain `model.generate` (floor)", "trajlab": "trajlab `hf` backend",
@@ -215,23 +210,9 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
 
 
 def _spawn(side: str, scale: Scale, work: Path) -> dict[str, Any]:
-    """``side`` in a fresh interpreter; its result, or ``{"error": ...}`` with the end of its stderr."""
+    """``side`` in a fresh interpreter; its result, or ``{"error": ...}``."""
     progress(f"rollouts: {side} in a fresh interpreter")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no network: a hub lookup (e.g. a flash kernel) fails at once
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        command = [sys.executable, __file__, "--worker", side, "--scale", json.dumps(dataclasses.asdict(scale)),
-                   "--work", str(work), "--out", str(out)]
-        try:
-            done = subprocess.run(command, stderr=subprocess.PIPE, text=True, env=env,
-                                  timeout=WORKER_TIMEOUT_S[scale.smoke])
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {WORKER_TIMEOUT_S[scale.smoke]:.0f} s"}
-        if done.returncode == 0 and out.exists():
-            return json.loads(out.read_text())
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()] or ["(no stderr)"]
-        sys.stderr.write("\n".join(lines[-30:]) + "\n")
-        return {"error": f"exit {done.returncode}: {lines[-1][:300]}"}
+    return spawn_worker(__file__, side, scale, work, timeout_s=WORKER_TIMEOUT_S[scale.smoke])
 
 
 def _physical_limit(scale: Scale, weight_bytes: int, bandwidth_gbs: float) -> dict[str, float]:
@@ -299,17 +280,5 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """A side's interpreter, started by :func:`measure`."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", choices=tuple(SIDES), required=True)
-    parser.add_argument("--scale", required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
-    result = worker(args.worker, scale_from_json(args.scale), args.work)
-    args.out.write_text(json.dumps(result))
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(worker)

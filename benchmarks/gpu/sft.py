@@ -25,19 +25,24 @@ from the disk cache), 3 steps of 0.2-0.4 s: ~15 s; ~45 s in all.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Scale, build_random_model, peak_gb, progress, reset_peak, scale_from_json, synchronize  # noqa: E402
+from common import (  # noqa: E402
+    Scale,
+    build_random_model,
+    peak_gb,
+    progress,
+    reset_peak,
+    spawn_worker,
+    synchronize,
+    worker_main,
+)
 
 ROWS_PER_STEP = 2  # 2 x 4,096 tokens: the no-checkpointing side keeps ~3.5 MB of activations a token (~30 GB)
 LEARNING_RATE = 2e-5  # TRL's default
@@ -143,19 +148,10 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
 
 
 def run_side(side: str, scale: Scale, work: Path) -> dict[str, Any]:
-    """``side`` in a fresh interpreter; its result, or the tail of its error."""
-    result = work / f"sft-{side}.json"
-    result.unlink(missing_ok=True)
-    command = [sys.executable, __file__, "--worker", side, "--scale", json.dumps(dataclasses.asdict(scale)),
-               "--work", str(work)]
+    """``side`` in a fresh interpreter, timed whole; its result, or its error."""
     began = time.perf_counter()
-    done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-    seconds = time.perf_counter() - began
-    if done.returncode != 0 or not result.exists():
-        sys.stderr.write(done.stderr[-3000:])
-        lines = done.stderr.strip().splitlines() or ["(no output)"]
-        return {"error": f"exit {done.returncode}: {lines[-1][:300]}", "seconds": seconds}
-    return json.loads(result.read_text()) | {"seconds": seconds}
+    result = spawn_worker(__file__, side, scale, work)
+    return result | {"seconds": time.perf_counter() - began}
 
 
 def measure(scale: Scale, work: Path) -> dict[str, Any]:
@@ -195,15 +191,5 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", choices=SIDES, required=True)
-    parser.add_argument("--scale", required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    args = parser.parse_args()
-    result = worker(args.worker, scale_from_json(args.scale), args.work)
-    (args.work / f"sft-{args.worker}.json").write_text(json.dumps(result, indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(worker)

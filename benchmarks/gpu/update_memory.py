@@ -24,11 +24,7 @@ layer recomputed), a third of a float32 logits row.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import gc
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +34,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # benchmarks/: rl_memory's update pieces
 import rl_memory  # noqa: E402
-from common import Scale, build_random_model, peak_gb, progress, reset_peak, scale_from_json, synchronize  # noqa: E402
+from common import (  # noqa: E402
+    Scale,
+    build_random_model,
+    peak_gb,
+    progress,
+    reset_peak,
+    spawn_worker,
+    synchronize,
+    worker_main,
+)
 
 ROWS = 2  # episodes in the batch; GRPO's loss (and TRL's trainer) wants a group
 WARMUP_TOKENS = 128  # per row in the warm-up step: its prompt (16) and completion (112) are multiples of 16, as
@@ -98,17 +103,9 @@ def worker(tokens: int, scale: Scale, work: Path) -> dict[str, Any]:
 
 
 def run_length(tokens: int, scale: Scale, work: Path) -> dict[str, Any]:
-    """``tokens`` in a fresh interpreter; its result per framework, or the tail of its error for both."""
-    result = work / f"update_memory-{tokens}.json"
-    result.unlink(missing_ok=True)
-    command = [sys.executable, __file__, "--worker", str(tokens), "--scale", json.dumps(dataclasses.asdict(scale)),
-               "--work", str(work)]
-    done = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0 or not result.exists():
-        sys.stderr.write(done.stderr[-3000:])
-        lines = done.stderr.strip().splitlines() or ["(no output)"]
-        return dict.fromkeys(FRAMEWORKS, {"error": f"exit {done.returncode}: {lines[-1][:300]}"})
-    return json.loads(result.read_text())
+    """``tokens`` in a fresh interpreter; its result per framework, or its error for both."""
+    result = spawn_worker(__file__, tokens, scale, work)
+    return dict.fromkeys(FRAMEWORKS, result) if "error" in result else result
 
 
 def measure(scale: Scale, work: Path) -> dict[str, Any]:
@@ -157,15 +154,5 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", type=int, required=True, help="tokens in the measured batch")
-    parser.add_argument("--scale", required=True)
-    parser.add_argument("--work", type=Path, required=True)
-    args = parser.parse_args()
-    result = worker(args.worker, scale_from_json(args.scale), args.work)
-    (args.work / f"update_memory-{args.worker}.json").write_text(json.dumps(result, indent=1))
-
-
 if __name__ == "__main__":
-    main()
+    worker_main(worker, int)
