@@ -21,18 +21,14 @@ measured: per run ~15 s to start and load; a synchronous step ~3 turns x (~0.5 s
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from common import Scale, latency_env, progress, scale_from_json, warm_started_model
+from common import Scale, latency_env, progress, spawn_worker, warm_started_model, worker_main
 from rl_step import base, cpu_threads, shape_for
 
 STALENESS = (0, 1, 2)  # rl.max_staleness of each run; 0 is the synchronous loop
@@ -75,15 +71,21 @@ def run(plan: dict[str, Any], scale: Scale, model: Path, out: Path) -> dict[str,
     return {**plan, "wall_s": time.perf_counter() - began, "loop_s": steps[-1]["end"] - started[0], "steps": steps}
 
 
-def spawn(plan: dict[str, Any], scale: Scale, model: Path, out: Path) -> dict[str, Any]:
-    """:func:`run` in a fresh interpreter; its result."""
+def run_plan(plan_json: str, scale: Scale, work: Path) -> dict[str, Any]:
+    """A worker's interpreter (``common.worker_main``): :func:`run` of one plan, in its own run directory."""
+    plan = json.loads(plan_json)
+    out = work / "async_rl" / f"staleness{plan['staleness']}"
     out.mkdir(parents=True, exist_ok=True)
-    result = out / "result.json"
-    result.unlink(missing_ok=True)
     (out / "metrics.jsonl").unlink(missing_ok=True)  # trajlab.rl appends to a previous run's
-    subprocess.run([sys.executable, __file__, "--plan", json.dumps(plan), "--scale",
-                    json.dumps(dataclasses.asdict(scale)), "--model", str(model), "--out", str(out)], check=True)
-    return json.loads(result.read_text())
+    return run(plan, scale, warm_started_model(scale, work), out)
+
+
+def spawn(plan: dict[str, Any], scale: Scale, work: Path) -> dict[str, Any]:
+    """:func:`run_plan` in a fresh interpreter; its result."""
+    result = spawn_worker(__file__, json.dumps(plan), scale, work)
+    if "error" in result:
+        raise RuntimeError(f"async_rl, max_staleness {plan['staleness']}: {result['error']}")
+    return result
 
 
 def summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -108,12 +110,12 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 def measure(scale: Scale, work: Path) -> dict[str, Any]:
     """The runs one after the other: the synchronous one first, up to ``scale.async_steps`` steps within
     ``SYNC_BUDGET_S``, then the asynchronous ones as many steps."""
-    model = warm_started_model(scale, work)
+    warm_started_model(scale, work)  # prepared here once, not in each run's interpreter
     rows, steps = [], scale.async_steps
     for staleness in STALENESS:
         progress(f"async_rl: max_staleness {staleness}, {steps} steps")
         plan = {"staleness": staleness, "steps": steps, "budget_s": None if staleness else SYNC_BUDGET_S}
-        rows.append(summary(spawn(plan, scale, model, work / "async_rl" / f"staleness{staleness}")))
+        rows.append(summary(spawn(plan, scale, work)))
         steps = rows[0]["steps"]
     sync = rows[0]["steps_per_hour"]
     for row in rows:
@@ -146,15 +148,5 @@ def table(result: dict[str, Any]) -> str:
         f"the mean of the last {FINAL_STEPS} steps' mean reward.")])
 
 
-def worker(argv: list[str] | None = None) -> None:
-    """Inside a run's process: :func:`run`, its result written to ``<out>/result.json``."""
-    parser = argparse.ArgumentParser()
-    for flag in ("--plan", "--scale", "--model", "--out"):
-        parser.add_argument(flag, required=True)
-    args = parser.parse_args(argv)
-    result = run(json.loads(args.plan), scale_from_json(args.scale), Path(args.model), Path(args.out))
-    (Path(args.out) / "result.json").write_text(json.dumps(result, indent=1))
-
-
 if __name__ == "__main__":
-    worker()
+    worker_main(run_plan)

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B); the weights are random.
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # benchmarks/, after this folder: _latency, rl_memory...
 
+# Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B); the weights are random.
 QWEN3 = {
     "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
@@ -39,7 +39,7 @@ SMOKE_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """Every size the measurements use: ``full()`` on the GPU, ``smoke()`` on a CPU in minutes."""
+    """Every size the measurements use: ``full()`` on the GPU, ``for_smoke()`` on a CPU in minutes."""
 
     smoke: bool
     device: str
