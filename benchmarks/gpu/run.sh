@@ -21,6 +21,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "gather them where a package registry is reachable: bash benchmarks/gpu/gather_wheels.sh" >&2
   exit 2
 fi
+# datasets 5.2 needs pyarrow >= 24: the image's, unless a pyarrow wheel was gathered (gather_wheels.sh pyarrow==...)
+if ! compgen -G "$wheels/pyarrow-*.whl" >/dev/null \
+  && ! python3 -c 'import sys, pyarrow; sys.exit(int(pyarrow.__version__.split(".")[0]) < 24)' 2>/dev/null; then
+  echo "this machine's pyarrow ($(python3 -c 'import pyarrow; print(pyarrow.__version__)' 2>&1 | tail -1)) is" \
+    "missing or older than the 24 datasets needs, and $wheels/ holds no pyarrow wheel:" >&2
+  echo "gather one with bash benchmarks/gpu/gather_wheels.sh pyarrow==26.0.1 (55 MB; with it the call carries more" \
+    "than 64 MiB unless trajlab/models/tokenizer_files' folders other than qwen3 are moved out of the tree first)" >&2
+  exit 2
+fi
 # a folder named site-packages: dill (datasets' fingerprints) pickles any module outside the interpreter's prefix and
 # outside a "site-packages" path by value, and fails on pyarrow's (seen with --target /tmp/site, transformers 5.17)
 site=${TRAJLAB_GPU_SITE:-/tmp/trajlab-gpu/site-packages}

@@ -38,6 +38,21 @@ def test_run_sh_refuses_before_measuring_when_a_wheel_is_missing(tmp_path: Path)
     assert "gather_wheels.sh" in result.stderr
 
 
+def test_run_sh_refuses_when_the_machines_pyarrow_is_too_old_and_none_was_gathered(tmp_path: Path) -> None:
+    """pyarrow is not carried by default (the image has one): an image whose pyarrow datasets cannot use is named."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for name, version in pins(GPU / "wheels.txt").items():
+        (wheels / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").touch()
+    old = tmp_path / "old" / "pyarrow"  # stands in for an image whose pyarrow predates datasets' floor
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text('__version__ = "21.0.0"\n')
+    result = subprocess.run(["bash", str(GPU / "run.sh"), "--smoke"], capture_output=True, text=True,
+                            env={**os.environ, "TRAJLAB_GPU_WHEELS": str(wheels), "PYTHONPATH": str(old.parent)})
+    assert result.returncode == 2, result.stderr
+    assert "pyarrow (21.0.0)" in result.stderr and "gather_wheels.sh pyarrow==" in result.stderr
+
+
 def test_the_full_run_refuses_without_a_gpu(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, str(GPU / "run.py"), "--out", str(tmp_path)], capture_output=True,
                             text=True)
