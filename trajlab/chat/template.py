@@ -16,6 +16,8 @@ from typing import Any, Literal
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
+
 logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
@@ -71,33 +73,55 @@ def render(
     *,
     add_generation_prompt: bool = False,
     chat_template: str | None = None,
+    context: TemplateContext | None = None,
 ) -> str:
+    """The conversation as the template writes it; ``context``: the run's template variables and pinned date."""
+    kwargs: dict[str, Any] = {}
+    if context is not None:
+        chat_template, kwargs = context.prepare(chat_template or own_template(tokenizer))
     return tokenizer.apply_chat_template(
         messages,
         tools=tools or None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
         chat_template=chat_template,
+        **kwargs,
     )
 
 
+def own_template(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The tokenizer's own chat template (the default one of several)."""
+    template = tokenizer.chat_template
+    return template["default"] if isinstance(template, dict) else template
+
+
 def find_prefix_violation(
-    tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None
+    tokenizer: PreTrainedTokenizerBase, chat_template: str | None = None, context: TemplateContext | None = None
 ) -> str | None:
     """Replay the probe conversation the way a rollout grows it; describe the first rewrite of history, or None.
 
     A rollout makes two kinds of step: the model's turn after a generation prompt, and a batch of observations
     (tool results, a user turn) after the model's turn. Each must leave the text rendered so far untouched.
     """
+    thinking_off = context is not None and False in (context.kwargs.get("enable_thinking"),
+                                                     context.kwargs.get("thinking"))
     try:
-        return _replay_probe(tokenizer, PROBE_MESSAGES, chat_template)
+        return _replay_probe(tokenizer, _probe(PROBE_MESSAGES, thinking_off), chat_template, context)
     except TemplateError:
         # Some templates (Llama 3.1) refuse several calls in one turn; probe them with one call per turn.
-        return _replay_probe(tokenizer, PROBE_SINGLE_CALLS, chat_template)
+        return _replay_probe(tokenizer, _probe(PROBE_SINGLE_CALLS, thinking_off), chat_template, context)
+
+
+def _probe(messages: list[Message], thinking_off: bool) -> list[Message]:
+    """The probe as the model writes it: with thinking switched off (``enable_thinking: false``), no reasoning."""
+    if not thinking_off:
+        return messages
+    return [{key: value for key, value in m.items() if key != "reasoning_content"} for m in messages]
 
 
 def _replay_probe(
-    tokenizer: PreTrainedTokenizerBase, messages: list[Message], chat_template: str | None
+    tokenizer: PreTrainedTokenizerBase, messages: list[Message], chat_template: str | None,
+    context: TemplateContext | None,
 ) -> str | None:
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     steps = [(assistants[0], assistants[0] + 1, False)]  # (messages known, messages after the step, prompt after)
@@ -106,9 +130,9 @@ def _replay_probe(
         steps.append((current, current + 1, False))  # the model's turn
     for known, grown, with_prompt in steps:
         earlier = render(tokenizer, messages[:known], PROBE_TOOLS, add_generation_prompt=not with_prompt,
-                         chat_template=chat_template)
+                         chat_template=chat_template, context=context)
         later = render(tokenizer, messages[:grown], PROBE_TOOLS, add_generation_prompt=with_prompt,
-                       chat_template=chat_template)
+                       chat_template=chat_template, context=context)
         if not later.startswith(earlier):
             at = next((i for i, (x, y) in enumerate(zip(earlier, later, strict=False)) if x != y), len(earlier))
             added = ", ".join(m["role"] for m in messages[known:grown])
@@ -120,9 +144,11 @@ def _replay_probe(
 
 
 def resolve_chat_template(
-    tokenizer: PreTrainedTokenizerBase, on_unsafe: Literal["swap", "refuse"] = "swap"
+    tokenizer: PreTrainedTokenizerBase, on_unsafe: Literal["swap", "refuse"] = "swap",
+    context: TemplateContext | None = None,
 ) -> str:
     """The chat template to roll out with: the tokenizer's own if prefix-preserving, else a training-safe variant.
+    ``context``: the variables it renders with (``enable_thinking`` may change what it does to history).
 
     Raises:
         TemplateNotPrefixPreservingError: if the template rewrites history and no safe variant is known (or
@@ -136,7 +162,7 @@ def resolve_chat_template(
             f"Tokenizer {tokenizer.name_or_path!r} has no chat template; set tokenizer.chat_template or use a chat "
             "model."
         )
-    violation = find_prefix_violation(tokenizer, template)
+    violation = find_prefix_violation(tokenizer, template, context)
     if violation is None:
         return template
     message = (
@@ -150,7 +176,7 @@ def resolve_chat_template(
             safe = get_training_chat_template(tokenizer)
         except (ValueError, NotImplementedError):
             safe = None
-        if safe is not None and find_prefix_violation(tokenizer, safe) is None:
+        if safe is not None and find_prefix_violation(tokenizer, safe, context) is None:
             logger.warning("%s Using TRL's prefix-preserving training variant of this template instead.", message)
             return safe
     raise TemplateNotPrefixPreservingError(
@@ -170,13 +196,15 @@ class ChatTemplate:
             (``{"type": "image", "image": <id>}``); the processor turns each one's placeholder into the image's
             tokens, as many as the image needs.
         images: the PIL image of each image id in the messages (see :meth:`with_images`).
+        context: the template variables and pinned date it renders with (see :mod:`trajlab.chat.context`).
     """
 
     def __init__(
         self, tokenizer: PreTrainedTokenizerBase, tools: list[dict[str, Any]], chat_template: str,
-        processor: Any = None, images: Callable[[str], Any] | None = None,
+        processor: Any = None, images: Callable[[str], Any] | None = None, context: TemplateContext | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.context = context or TemplateContext()
         self.tools = tools
         self.chat_template = chat_template
         self.processor = processor
@@ -190,6 +218,12 @@ class ChatTemplate:
         other.tools = tools
         return other
 
+    def with_context(self, context: TemplateContext) -> ChatTemplate:
+        """The same template rendering with other variables (a trajectory's recorded ones)."""
+        other = copy.copy(self)
+        other.context = context
+        return other
+
     def with_images(self, images: Callable[[str], Any]) -> ChatTemplate:
         """The same template reading one episode's (or trajectory's) images: ``images(id)`` is a PIL image."""
         other = copy.copy(self)
@@ -198,7 +232,7 @@ class ChatTemplate:
 
     def render(self, messages: list[Message], *, add_generation_prompt: bool = False) -> str:
         return render(self.tokenizer, messages, self.tools, add_generation_prompt=add_generation_prompt,
-                      chat_template=self.chat_template)
+                      chat_template=self.chat_template, context=self.context)
 
     def encode(self, text: str, images: Sequence[Any] = ()) -> list[int]:
         """Token ids of rendered text; ``images`` are those whose placeholders the text holds, in order."""

@@ -29,7 +29,8 @@ def load_rollout_policy(env: EnvSpec | EnvMixture, policy: PolicyLike | Policy, 
     """
     oracle = demonstrator.reference if demonstrator is not None else env.oracle
     loaded = load_policy(policy, tokenizer=tokenizer, oracle=oracle, device=model.device, dtype=model.dtype,
-                         backend=model.backend, max_batch_size=max_batch_size, vision=env.shows_images)
+                         backend=model.backend, max_batch_size=max_batch_size, vision=env.shows_images,
+                         template_kwargs=model.chat_template_kwargs)
     if demonstrator is not None:
         loaded.generator.name = demonstrator.name  # each trajectory's policy
     if env.shows_images and loaded.processor is None:
@@ -56,7 +57,7 @@ def rollout_engine(env: EnvSpec | EnvMixture, policy: Policy, *, rollout: Rollou
                        parser=get_parser(rollout.parser, policy.tokenizer),
                        sampling=SamplingParams(temperature=temperature),
                        limits=rollout.limit_overrides() if limits is None else limits, system_prompt=system_prompt,
-                       seed=seed, processor=policy.processor)
+                       seed=seed, processor=policy.processor, context=policy.context)
 
 
 def build_runner(env: EnvSpec | EnvMixture, policy: PolicyLike | Policy, *, rollout: RolloutSettings,

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
 
+from trajlab.chat.context import check_template_kwargs
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.prompts import check_prompt_sources, prompted
@@ -53,6 +54,12 @@ class ModelSettings(Section):
     backend: Literal["hf", "vllm"] = "hf"
     """Generation backend for a model directory: hf (transformers) or vllm (an in-process vLLM engine; needs the
     vllm extra). In RL, vllm samples the rollouts and gets the trainer's weights after every optimizer step."""
+    chat_template_kwargs: Annotated[dict[str, Any], AfterValidator(check_template_kwargs)] = Field(
+        default_factory=dict)
+    """Variables the chat template renders with, as with ``apply_chat_template(**kwargs)``: e.g.
+    ``{enable_thinking: false}`` (Qwen3) or ``{reasoning_effort: low}`` (gpt-oss). Recorded with every trajectory,
+    with the date a template that writes today's date renders (pinned per run), so the drift guard re-renders them
+    the same way later."""
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:

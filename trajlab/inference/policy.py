@@ -6,12 +6,14 @@ trajectories are written in. The command line passes strings; the Python API pas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext, context_for_run
 from trajlab.chat.template import resolve_chat_template
 from trajlab.errors import UserError
 from trajlab.inference.base import Generator, is_server_url
@@ -25,12 +27,22 @@ transformers model, or any :class:`~trajlab.inference.base.Generator`."""
 @dataclass(frozen=True)
 class Policy:
     """A generator and the tokenizer and chat template its trajectories are written in (and, for a vision-language
-    model, the processor that turns images into its tokens)."""
+    model, the processor that turns images into its tokens), and the variables and pinned date the template renders
+    with (recorded with each trajectory)."""
 
     generator: Generator
     tokenizer: PreTrainedTokenizerBase
     chat_template: str
     processor: Any = None
+    context: TemplateContext = field(default_factory=TemplateContext)
+
+
+def chat_of(tokenizer: PreTrainedTokenizerBase, template_kwargs: Mapping[str, Any] | None = None
+            ) -> tuple[str, TemplateContext]:
+    """The prefix-preserving template to roll out with, and its context: ``template_kwargs`` and, when the template
+    reads the date, today's pinned for the run."""
+    template = resolve_chat_template(tokenizer, context=TemplateContext(kwargs=dict(template_kwargs or {})))
+    return template, context_for_run(template, template_kwargs)
 
 
 def load_policy(
@@ -43,6 +55,7 @@ def load_policy(
     tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
     oracle: Any = None,
     vision: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -57,6 +70,7 @@ def load_policy(
         backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
             engine); the oracle, a server, a loaded model and a Generator bring their own.
         vision: the env shows images: the oracle's default tokenizer is then the tiny vision-language model's.
+        template_kwargs: the chat template's variables (``model.chat_template_kwargs``, e.g. ``enable_thinking``).
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -68,9 +82,9 @@ def load_policy(
     if isinstance(policy, str | Path):
         spec = str(policy)
         if spec == "oracle":
-            return oracle_policy(oracle, tokenizer, vision)
+            return oracle_policy(oracle, tokenizer, vision, template_kwargs)
         if is_server_url(spec):
-            return _server_policy(spec, tokenizer)
+            return _server_policy(spec, tokenizer, template_kwargs)
         if not Path(spec).is_dir():
             raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
                             f"(http://host:port/v1[#model]); {spec!r} is none of these.")
@@ -78,7 +92,8 @@ def load_policy(
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
                                      max_batch_size=max_batch_size)
-        return Policy(generator, loaded, resolve_chat_template(loaded), processor)
+        template, context = chat_of(loaded, template_kwargs)
+        return Policy(generator, loaded, template, processor, context)
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
                         "prompts are rendered and tool calls read in.")
@@ -88,7 +103,8 @@ def load_policy(
                                        name=str(policy.name_or_path or "model"))
     else:
         built = policy
-    return Policy(built, loaded, resolve_chat_template(loaded))
+    template, context = chat_of(loaded, template_kwargs)
+    return Policy(built, loaded, template, context=context)
 
 
 def _processor(path: str) -> Any:
@@ -122,7 +138,8 @@ def _tokenizer(tokenizer: str | Path | PreTrainedTokenizerBase) -> PreTrainedTok
     return tokenizer if isinstance(tokenizer, PreTrainedTokenizerBase) else load_tokenizer(tokenizer)
 
 
-def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool) -> Policy:
+def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase | None, vision: bool,
+                  template_kwargs: Mapping[str, Any] | None = None) -> Policy:
     """The env's reference policy ``oracle`` writing its trajectories in ``tokenizer``'s tokens (default: the tiny
     model's, or the tiny vision-language model's when the env shows images)."""
     from trajlab.inference.scripted import ScriptedGenerator
@@ -133,12 +150,14 @@ def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase |
         raise UserError("this env has no reference policy ('oracle'): pass a model directory or a server URL.")
     source = tokenizer or (ensure_default_vision_model() if vision else ensure_default_model())
     loaded = _tokenizer(source)
-    template = resolve_chat_template(loaded)
+    template, context = chat_of(loaded, template_kwargs)
     processor = _processor(str(source)) if isinstance(source, str | Path) else None
-    return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle"), loaded, template, processor)
+    return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle", context=context), loaded, template,
+                  processor, context)
 
 
-def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None) -> Policy:
+def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None,
+                   template_kwargs: Mapping[str, Any] | None) -> Policy:
     """An OpenAI-compatible server, read with the local tokenizer of the model it serves."""
     from trajlab.inference.openai_client import OpenAIGenerator, served_model, split_policy_url
 
@@ -149,4 +168,5 @@ def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | N
     model = served_model(base_url, model)
     loaded = _tokenizer(tokenizer)
     processor = _processor(str(tokenizer)) if isinstance(tokenizer, str | Path) else None
-    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, resolve_chat_template(loaded), processor)
+    template, context = chat_of(loaded, template_kwargs)
+    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, template, processor, context)

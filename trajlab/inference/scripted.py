@@ -18,6 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
 from trajlab.chat.template import ChatTemplate
 from trajlab.inference.base import GenerationRequest, GenerationResult
 
@@ -28,13 +29,14 @@ class ScriptedGenerator:
     """Generator backed by a function ``policy(task, messages) -> assistant message``."""
 
     def __init__(
-        self, policy: Policy, tokenizer: PreTrainedTokenizerBase, chat_template: str, name: str = "scripted"
+        self, policy: Policy, tokenizer: PreTrainedTokenizerBase, chat_template: str, name: str = "scripted",
+        context: TemplateContext | None = None,
     ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.name = name
-        self._chat = ChatTemplate(tokenizer, [], chat_template)
+        self._chat = ChatTemplate(tokenizer, [], chat_template, context=context)
         self._draws = draws(policy)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
 from trajlab.chat.parsers import ToolCallParser
 from trajlab.chat.template import ChatTemplate
 from trajlab.errors import UserError
@@ -75,8 +76,9 @@ def check_token_drift(
     chats: dict[str, ChatTemplate] = {}
     kept, drifts = [], []
     for trajectory in trajectories:
-        key = json.dumps(trajectory.tools, sort_keys=True)
-        chat = chats.get(key) or chats.setdefault(key, base.with_tools(trajectory.tools))
+        key = json.dumps([trajectory.tools, trajectory.template_context], sort_keys=True)
+        chat = chats.get(key) or chats.setdefault(key, base.with_tools(trajectory.tools).with_context(
+            TemplateContext.from_record(trajectory.template_context)))
         drift = find_drift(trajectory, chat.with_images(trajectory.image) if trajectory.images else chat, parser)
         if drift is None:
             kept.append(trajectory)

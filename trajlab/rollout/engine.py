@@ -26,6 +26,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
 from trajlab.chat.parsers import ParsedResponse, ToolCallParser
 from trajlab.chat.template import ChatTemplate, stop_token_ids
 from trajlab.env.base import EnvHandle
@@ -61,6 +62,7 @@ class RolloutEngine(EpisodeRunner):
             episode samples the same tokens in every run, whatever else runs beside it, and so does a retry.
         processor: a vision-language policy's processor, which turns images (from tools, ``reset`` or the user) into
             tokens; None for a text model, which then cannot take an episode that shows it an image.
+        context: the chat template's variables and pinned date (recorded with every trajectory).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class RolloutEngine(EpisodeRunner):
         system_prompt: str | None = None,
         seed: int,
         processor: Any = None,
+        context: TemplateContext | None = None,
     ) -> None:
         self.env = env
         self.seed = seed
@@ -92,7 +95,7 @@ class RolloutEngine(EpisodeRunner):
         self.system_prompt = env.system_prompt if system_prompt is None else system_prompt
         self.tools = env.tools
         self.chat_template = chat_template
-        self.chat = ChatTemplate(tokenizer, self.tools, chat_template, processor)
+        self.chat = ChatTemplate(tokenizer, self.tools, chat_template, processor, context=context)
         self._threads = ToolThreads(f"trajlab-{env.name}")
         self._owns_threads = True
         self._described: dict[str, RolloutEngine] = {}
@@ -102,7 +105,8 @@ class RolloutEngine(EpisodeRunner):
         sampling, limit overrides and system prompt. It shares this engine's threads: closing this one closes both."""
         engine = RolloutEngine(env, self.generator, self.tokenizer, chat_template=self.chat_template,
                                parser=self.parser, sampling=self.sampling, limits=self.limit_overrides,
-                               system_prompt=self.system_prompt, seed=self.seed, processor=self.processor)
+                               system_prompt=self.system_prompt, seed=self.seed, processor=self.processor,
+                               context=self.chat.context)
         engine._threads, engine._owns_threads = self._threads, False
         return engine
 
@@ -316,6 +320,7 @@ class RolloutEngine(EpisodeRunner):
             split=state.episode.split,
             group=state.episode.group,
             images=state.image_order,
+            template_context=self.chat.context.record(),
         )
         trajectory.attach_images(state.image_data)
         return trajectory

@@ -124,6 +124,10 @@ class Trajectory(BaseModel):
     """The images the model saw, in the order of their placeholders in the tokens, by id (``<sha256>.png``, see
     :mod:`trajlab.rollout.images`); image parts of ``messages`` name them the same way. Left out of the JSON when
     there are none. The bytes travel with the trajectory in memory and live beside its file on disk."""
+    template_context: dict[str, Any] = Field(default_factory=dict, exclude_if=lambda value: not value)
+    """What the chat template rendered with besides the messages (:class:`trajlab.chat.context.TemplateContext`'s
+    record: ``kwargs`` such as ``enable_thinking``, the pinned ``date``), so the drift guard renders it the same way
+    on any later day. Left out of the JSON when empty."""
     _image_data: dict[str, bytes] = PrivateAttr(default_factory=dict)
     _image_dir: Path | None = PrivateAttr(default=None)
 
