@@ -117,8 +117,12 @@ def test_stock_qwen3_rewrites_history_and_is_never_used_silently(caplog):
     assert "training variant" in caplog.text
 
 
-def test_unknown_unsafe_template_is_refused_even_in_swap_mode():
+def test_unknown_unsafe_template_trains_one_sample_per_turn_or_is_refused(caplog):
     # Stock Qwen3 with one edit: no longer recognised by TRL, so no safe variant exists.
-    tokenizer = family_tokenizer("qwen3", template=(TEMPLATES / "qwen3.jinja").read_text() + "{#- edited -#}")
-    with pytest.raises(TemplateNotPrefixPreservingError, match="is not prefix-preserving"):
-        resolve_chat_template(tokenizer, on_unsafe="swap")
+    edited = (TEMPLATES / "qwen3.jinja").read_text() + "{#- edited -#}"
+    tokenizer = family_tokenizer("qwen3", template=edited)
+    assert resolve_chat_template(tokenizer, on_unsafe="swap") == edited
+    assert "is not prefix-preserving" in caplog.text and "one sample per turn" in caplog.text
+    assert not ChatTemplate(tokenizer, [], edited).preserves_prefixes  # so the engine keeps branches
+    with pytest.raises(TemplateNotPrefixPreservingError, match="is not prefix-preserving.*on_unsafe='branch'"):
+        resolve_chat_template(tokenizer, on_unsafe="refuse")

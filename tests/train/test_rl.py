@@ -127,3 +127,29 @@ def test_the_drift_guard_stops_a_run_or_drops_what_drifted(tiny_model_dir, tmp_p
                **tolerant.model_dump())
     record = json.loads((tmp_path / "drops" / "metrics.jsonl").read_text())
     assert record["rollout/drifted"] == 4 and record["optim/trained_sequences"] == 0, "drifted rollouts are not trained"
+
+
+def test_a_template_that_rewrites_history_trains_one_sample_per_turn(tiny_model_dir, tmp_path):
+    """The tiny template edited to mark the latest user message (as Mistral's moves its tool list there): earlier
+    turns render differently once a user speaks again, so rollouts are kept and trained one sample per turn."""
+    tokenizer = load_tokenizer(tiny_model_dir)
+    line = "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    assert line in tokenizer.chat_template
+    tokenizer.chat_template = (
+        "{%- set ns = namespace(last=none) -%}{%- for m in messages if m.role == 'user' -%}"
+        "{%- set ns.last = m -%}{%- endfor -%}" + tokenizer.chat_template.replace(line, line.replace(
+            "message.content + '<|im_end|>", "message.content + (' (latest)' if message is sameas ns.last else '') "
+            "+ '<|im_end|>")))
+    settings, rollout = tiny_settings(steps=1, kl_coef=0.01)
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=tokenizer, rollout=rollout,
+               **settings.model_dump())
+    rollouts = list(read_trajectories(tmp_path / "rollouts.jsonl"))
+    assert len(rollouts) == 4 and all(t.tokens is None and t.branches for t in rollouts)
+    for trajectory in rollouts:
+        assert len(trajectory.branches) == trajectory.metrics["turns"]
+        prompt = tokenizer.decode(trajectory.branches[0].prompt_ids)
+        assert prompt.endswith(" (latest)<|im_end|>\n<|im_start|>assistant\n")
+        assert all(lp is not None for branch in trajectory.branches for lp in branch.logprobs)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["rollout/drifted"] == 0
+    assert record["optim/trained_sequences"] == sum(len(t.branches) for t in rollouts)

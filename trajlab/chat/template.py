@@ -3,12 +3,13 @@
 A multi-turn rollout appends tokens; it never re-renders the history. That is only correct when the chat template
 is prefix-preserving (rendering more messages never changes how earlier ones render). Templates that rewrite
 history, such as stock Qwen3 dropping past ``<think>`` blocks, are detected here and either swapped for TRL's
-training-safe variant or refused.
+training-safe variant or trained one sample per turn (:mod:`trajlab.rollout.samples`).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -27,12 +28,13 @@ class TemplateNotPrefixPreservingError(ValueError):
     """The chat template re-renders earlier messages when new ones are appended."""
 
 
-def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(name: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 # A conversation that exercises every transition a rollout makes: reasoning, one and two tool calls in a turn,
 # tool results, a second user query (where history-rewriting templates strip earlier reasoning), a plain answer.
+# Call ids are 9 alphanumeric characters, the form Mistral's templates require (and the engine writes).
 PROBE_TOOLS = [
     {
         "type": "function",
@@ -47,20 +49,20 @@ PROBE_MESSAGES: list[Message] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What does apple mean?"},
     {"role": "assistant", "content": "", "reasoning_content": "I should look it up.",
-     "tool_calls": [_call("lookup", {"word": "apple"})]},
-    {"role": "tool", "name": "lookup", "content": "a fruit"},
+     "tool_calls": [_call("lookup", {"word": "apple"}, "call00001")]},
+    {"role": "tool", "name": "lookup", "tool_call_id": "call00001", "content": "a fruit"},
     {"role": "assistant", "content": "It is a fruit.", "reasoning_content": "The tool answered."},
     {"role": "user", "content": "And pear and plum?"},
     {"role": "assistant", "content": "", "reasoning_content": "Two lookups.",
-     "tool_calls": [_call("lookup", {"word": "pear"}), _call("lookup", {"word": "plum"})]},
-    {"role": "tool", "name": "lookup", "content": "another fruit"},
-    {"role": "tool", "name": "lookup", "content": "a stone fruit"},
+     "tool_calls": [_call("lookup", {"word": "pear"}, "call00002"), _call("lookup", {"word": "plum"}, "call00003")]},
+    {"role": "tool", "name": "lookup", "tool_call_id": "call00002", "content": "another fruit"},
+    {"role": "tool", "name": "lookup", "tool_call_id": "call00003", "content": "a stone fruit"},
     {"role": "assistant", "content": "Both are fruits."},
 ]
 PROBE_SINGLE_CALLS: list[Message] = [
     *PROBE_MESSAGES[:6],
     {"role": "assistant", "content": "", "reasoning_content": "One lookup.",
-     "tool_calls": [_call("lookup", {"word": "pear"})]},
+     "tool_calls": [_call("lookup", {"word": "pear"}, "call00002")]},
     PROBE_MESSAGES[7],
     PROBE_MESSAGES[9],
 ]
@@ -144,15 +146,21 @@ def _replay_probe(
 
 
 def resolve_chat_template(
-    tokenizer: PreTrainedTokenizerBase, on_unsafe: Literal["swap", "refuse"] = "swap",
+    tokenizer: PreTrainedTokenizerBase, on_unsafe: Literal["swap", "branch", "refuse"] = "swap",
     context: TemplateContext | None = None,
 ) -> str:
-    """The chat template to roll out with: the tokenizer's own if prefix-preserving, else a training-safe variant.
+    """The chat template to roll out with: the tokenizer's own if prefix-preserving; else, for ``on_unsafe``:
+
+    - ``"swap"``: TRL's prefix-preserving training variant of it where TRL has one, else the template itself, whose
+      episodes then train one sample per turn (:mod:`trajlab.rollout.samples`);
+    - ``"branch"``: the template itself, one sample per turn (keeps what the model saw in training: e.g. stock
+      Qwen3 dropping earlier reasoning);
+    - ``"refuse"``: raise.
+
     ``context``: the variables it renders with (``enable_thinking`` may change what it does to history).
 
     Raises:
-        TemplateNotPrefixPreservingError: if the template rewrites history and no safe variant is known (or
-            ``on_unsafe="refuse"``).
+        TemplateNotPrefixPreservingError: the template rewrites history and ``on_unsafe="refuse"``.
     """
     template = tokenizer.chat_template
     if isinstance(template, dict):
@@ -165,10 +173,13 @@ def resolve_chat_template(
     violation = find_prefix_violation(tokenizer, template, context)
     if violation is None:
         return template
-    message = (
-        f"The chat template of {tokenizer.name_or_path!r} is not prefix-preserving: {violation}. Multi-turn "
-        "rollouts append tokens and would train on tokens that differ from what the template renders."
-    )
+    message = f"The chat template of {tokenizer.name_or_path!r} is not prefix-preserving: {violation}."
+    if on_unsafe == "refuse":
+        raise TemplateNotPrefixPreservingError(
+            f"{message} Multi-turn rollouts that append tokens would train on tokens that differ from what the "
+            "template renders. Fix: pass a prefix-preserving chat template (TRL ships training variants under "
+            "trl/chat_templates/*_training.jinja), or train one sample per turn (on_unsafe='branch')."
+        )
     if on_unsafe == "swap":
         from trl.chat_template_utils import get_training_chat_template
 
@@ -179,10 +190,9 @@ def resolve_chat_template(
         if safe is not None and find_prefix_violation(tokenizer, safe, context) is None:
             logger.warning("%s Using TRL's prefix-preserving training variant of this template instead.", message)
             return safe
-    raise TemplateNotPrefixPreservingError(
-        f"{message} Fix: pass a prefix-preserving chat template (TRL ships training variants under "
-        "trl/chat_templates/*_training.jinja), or a model whose template does not rewrite past turns."
-    )
+    logger.warning("%s Its episodes train one sample per turn: each turn's prompt is the template's own rendering "
+                   "of the conversation so far.", message)
+    return template
 
 
 class ChatTemplate:
@@ -191,7 +201,7 @@ class ChatTemplate:
     Args:
         tokenizer: the model's tokenizer.
         tools: tool schemas rendered into the prompt.
-        chat_template: a template that passed :func:`resolve_chat_template`.
+        chat_template: the template :func:`resolve_chat_template` chose.
         processor: a vision-language model's processor (None: a text model). Messages may then hold image parts
             (``{"type": "image", "image": <id>}``); the processor turns each one's placeholder into the image's
             tokens, as many as the image needs.
@@ -222,7 +232,13 @@ class ChatTemplate:
         """The same template rendering with other variables (a trajectory's recorded ones)."""
         other = copy.copy(self)
         other.context = context
+        other.__dict__.pop("preserves_prefixes", None)  # the variables may change what it does to history
         return other
+
+    @functools.cached_property
+    def preserves_prefixes(self) -> bool:
+        """Whether appending messages leaves the rendering of earlier ones untouched (else episodes branch)."""
+        return find_prefix_violation(self.tokenizer, self.chat_template, self.context) is None
 
     def with_images(self, images: Callable[[str], Any]) -> ChatTemplate:
         """The same template reading one episode's (or trajectory's) images: ``images(id)`` is a PIL image."""

@@ -57,6 +57,7 @@ from datasets.features.features import get_nested_type
 from datasets.table import InMemoryTable
 
 from trajlab.data.filters import shortest_success_per_task, successes, within_tokens
+from trajlab.rollout.samples import expand
 from trajlab.rollout.types import Trajectory, task_id, task_key
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ def sft_dataset(
     if shortest_per_task:
         best = {id(t) for t in shortest_success_per_task(chosen)}
         chosen = [t for t in chosen if t.status != "success" or id(t) in best]
+    chosen = expand(chosen)  # an episode kept one sample per turn trains as those samples
     tokenized = all(t.tokens is not None for t in chosen)
     if not tokenized:
         logger.warning(

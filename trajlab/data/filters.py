@@ -24,7 +24,10 @@ def failures(ts: Iterable[Trajectory]) -> list[Trajectory]:
 
 
 def total_tokens(t: Trajectory) -> int | None:
-    """``len(prompt_ids) + len(completion_ids)``, or None for a text-only trajectory (no token record)."""
+    """``len(prompt_ids) + len(completion_ids)``, or None for a text-only trajectory (no token record); for one kept
+    a sample per turn, its longest sample (what must fit the model's context)."""
+    if t.branches is not None:
+        return max((len(b.prompt_ids) + len(b.completion_ids) for b in t.branches), default=0)
     if t.tokens is None:
         return None
     return len(t.tokens.prompt_ids) + len(t.tokens.completion_ids)

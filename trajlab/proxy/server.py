@@ -35,8 +35,7 @@ def build_app(serve: ServeSettings, model: ModelSettings, parser: str) -> FastAP
     Raises:
         FileNotFoundError / OSError: the model directory cannot be loaded.
         ValueError: no ``model.path`` and no ``serve.upstream``; an upstream that is no http(s) URL; an unknown
-            parser; a chat template that rewrites history (``TemplateNotPrefixPreservingError``); a
-            ``serve.max_context`` longer than the model's.
+            parser; a ``serve.max_context`` longer than the model's.
     """
     if serve.upstream is not None:
         if not is_server_url(serve.upstream):

@@ -105,11 +105,31 @@ def find_drift(trajectory: Trajectory, chat: ChatTemplate, parser: ToolCallParse
 
     ``chat`` renders with the trajectory's tools. Trajectories without tokens have nothing to check.
     """
+    if trajectory.branches is not None:
+        return _branch_drift(trajectory, chat, parser)
     if trajectory.tokens is None:
         return None
     if "template_match" in trajectory.metrics:
         return _conversation_drift(trajectory, chat)
     return _Replay(trajectory, chat, parser).run()
+
+
+def _branch_drift(trajectory: Trajectory, chat: ChatTemplate, parser: ToolCallParser) -> Drift | None:
+    """An episode kept one sample per turn: each turn's prompt must be the template's fresh rendering of the
+    conversation before it, and its tokens what the engine made of the turn's assistant message."""
+    branches = trajectory.branches or []
+    assistants = [i for i, m in enumerate(trajectory.messages) if m.get("role") == "assistant"]
+    if len(branches) != len(assistants):
+        return Drift(trajectory.id, min(len(branches), len(assistants)) + 1, "model", 0,
+                     f"{len(assistants)} assistant messages", f"{len(branches)} turn samples")
+    for turn, (branch, index) in enumerate(zip(branches, assistants, strict=True), start=1):
+        replay = _Replay(trajectory.model_copy(update={"tokens": branch, "branches": None}), chat, parser)
+        prompt = len(branch.prompt_ids)
+        if drift := replay._compare(turn, "prompt", 0, replay.chat.prompt_ids(trajectory.messages[:index]), prompt):
+            return drift
+        if drift := replay._model_turn(turn, index, prompt, len(replay.ids)):
+            return drift
+    return None
 
 
 class _Replay:

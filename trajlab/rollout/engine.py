@@ -38,8 +38,9 @@ from trajlab.errors import InfrastructureError
 from trajlab.inference.base import GenerationRequest, Generator, SamplingParams, request_seed
 from trajlab.rollout.images import decode_png, encode_png
 from trajlab.rollout.runner import Episode, EpisodeRunner
+from trajlab.rollout.samples import SequenceTokens, TurnBranches
 from trajlab.rollout.tools import ToolThreads, execute_tool
-from trajlab.rollout.types import Status, TokenRecord, Trajectory
+from trajlab.rollout.types import Status, Trajectory
 
 EPISODE_COUNTERS = ("turns", "tool_calls", "tool_errors", "parse_errors", "model_tokens")
 
@@ -164,17 +165,22 @@ class RolloutEngine(EpisodeRunner):
         if self.system_prompt:
             state.messages.append({"role": "system", "content": self.system_prompt})
         state.messages.append({"role": "user", "content": _observation(state, first_user)})
-        state.tokens = TokenRecord(prompt_ids=state.chat.prompt_ids(state.messages), completion_ids=[], loss_mask=[],
-                                   logprobs=[])
+        if not self.chat.preserves_prefixes:
+            if state.image_order:
+                raise ValueError("this chat template rewrites earlier turns, so episodes train one sample per turn, "
+                                 "which does not take images yet: use a prefix-preserving template for image envs")
+            state.record = TurnBranches()
+        else:
+            state.record = SequenceTokens(state.chat.prompt_ids(state.messages))
 
     async def _turn(self, state: _EpisodeState, turn: int) -> str | None:
         """One model turn: generate, parse, act, observe. Returns the stop reason when the episode ends here."""
-        tokens, env = state.tokens, state.env
-        budget = self.limits.max_episode_tokens - len(tokens.prompt_ids) - len(tokens.completion_ids)
+        record, env = state.record, state.env
+        prompt_ids = record.context(state.chat, state.messages)
+        budget = self.limits.max_episode_tokens - len(prompt_ids)
         if budget <= 0:
             return "max_episode_tokens"
         params = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
-        prompt_ids = tokens.prompt_ids + tokens.completion_ids
 
         # --- generate: the model's tokens go into the record exactly as returned ---
         request = GenerationRequest(prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages],
@@ -186,7 +192,7 @@ class RolloutEngine(EpisodeRunner):
         except Exception as exc:
             raise InfrastructureError(f"the generator ({self.generator.name}) failed: {type(exc).__name__}: {exc}") \
                 from exc
-        tokens.extend(result.token_ids, trained=True, logprobs=result.logprobs)
+        record.add_model(result.token_ids, result.logprobs)
         state.counters["turns"] += 1
         state.counters["model_tokens"] += len(result.token_ids)
         if result.text_only:  # re-tokenized reply text: the record is not token-exact, and says so
@@ -222,12 +228,11 @@ class RolloutEngine(EpisodeRunner):
 
         # --- observe: the template's delta for the new messages, not trained on ---
         if not new_messages:  # the model answered and nobody speaks next
-            tokens.extend(state.chat.closing_ids(state.messages), trained=False)
+            record.add_closing(state.chat, state.messages)
             return "env_done" if env.done else "no_tool_call"
         ending = env.done or turn == self.limits.max_turns - 1
-        obs_ids = state.chat.observation_ids(state.messages, new_messages, add_generation_prompt=not ending)
+        record.add_observation(state.chat, state.messages, new_messages, add_generation_prompt=not ending)
         state.messages.extend(new_messages)
-        tokens.extend(obs_ids, trained=False)
         return "env_done" if env.done else None
 
     async def _act(self, state: _EpisodeState, parsed: ParsedResponse, turn: int) -> list[dict[str, Any]]:
@@ -312,8 +317,9 @@ class RolloutEngine(EpisodeRunner):
             reward=reward,
             status=status,
             metrics=metrics,
-            tokens=state.tokens,
-            turn_rewards=state.turn_rewards if state.tokens is not None else None,
+            tokens=state.record.tokens if isinstance(state.record, SequenceTokens) else None,
+            branches=state.record.branches if isinstance(state.record, TurnBranches) else None,
+            turn_rewards=state.turn_rewards if state.record is not None else None,
             stop_reason=state.stop_reason,
             error=state.error,
             policy=self.generator.name,
@@ -370,7 +376,7 @@ class _EpisodeState:
     env: EnvHandle | None = None
     tools: list[dict[str, Any]] | None = None  # the tools shown this episode
     chat: ChatTemplate | None = None  # the template with those tools
-    tokens: TokenRecord | None = None
+    record: SequenceTokens | TurnBranches | None = None  # the episode's tokens so far
     status: Status | None = None
     stop_reason: str = ""
     error: str | None = None

@@ -124,12 +124,22 @@ class Trajectory(BaseModel):
     """The images the model saw, in the order of their placeholders in the tokens, by id (``<sha256>.png``, see
     :mod:`trajlab.rollout.images`); image parts of ``messages`` name them the same way. Left out of the JSON when
     there are none. The bytes travel with the trajectory in memory and live beside its file on disk."""
+    branches: list[TokenRecord] | None = Field(default=None, exclude_if=lambda value: value is None)
+    """For a chat template that rewrites history: one token record per model turn (the template's rendering of the
+    conversation before the turn, then the turn's tokens), and ``tokens`` is None. Training reads them through
+    :func:`trajlab.rollout.samples.turn_samples`. Left out of the JSON when absent."""
     template_context: dict[str, Any] = Field(default_factory=dict, exclude_if=lambda value: not value)
     """What the chat template rendered with besides the messages (:class:`trajlab.chat.context.TemplateContext`'s
     record: ``kwargs`` such as ``enable_thinking``, the pinned ``date``), so the drift guard renders it the same way
     on any later day. Left out of the JSON when empty."""
     _image_data: dict[str, bytes] = PrivateAttr(default_factory=dict)
     _image_dir: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check_branches(self) -> Trajectory:
+        if self.branches is not None and self.tokens is not None:
+            raise ValueError("a trajectory holds either one token record (tokens) or one per turn (branches)")
+        return self
 
     @model_validator(mode="after")
     def _check_images(self) -> Trajectory:

@@ -93,10 +93,26 @@ def spread_over_turns(loss_mask: Sequence[int], per_turn: Sequence[float]) -> li
     return out
 
 
+def _loss_mask(trajectory: Trajectory) -> list[int]:
+    """The trajectory's model-token mask; for one kept a sample per turn, its samples' masks one after another."""
+    if trajectory.branches is not None:
+        return [bit for branch in trajectory.branches for bit in branch.loss_mask]
+    return trajectory.tokens.loss_mask if trajectory.tokens else []
+
+
+def _spread(trajectory: Trajectory, mask: list[int], per_turn: Sequence[float]) -> list[float]:
+    """Turn advantages onto tokens: by runs of model tokens, or (one sample per turn) sample k gets turn k's."""
+    if trajectory.branches is None:
+        return spread_over_turns(mask, per_turn)
+    return [per_turn[min(k, len(per_turn) - 1)] * bit for k, branch in enumerate(trajectory.branches)
+            for bit in branch.loss_mask]
+
+
 def step_advantages(
     trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
 ) -> tuple[list[list[float]], dict[str, float]]:
-    """Token advantages per trajectory, and the step's group statistics.
+    """Token advantages per trajectory, and the step's group statistics. A trajectory kept a sample per turn gets
+    its samples' advantages one after another (:func:`trajlab.rollout.samples.split_advantages` cuts them apart).
 
     Rollouts are compared within their ``Trajectory.group``, over the group's valid rollouts only: one that ended
     with status ``error`` (the machinery failed, not the policy) has no reward to compare, gets no advantage and
@@ -114,7 +130,7 @@ def step_advantages(
         groups.setdefault(trajectory.group, [])
         if trajectory.status != "error":
             groups[trajectory.group].append(index)
-    out: list[list[float]] = [[0.0] * (len(t.tokens.loss_mask) if t.tokens else 0) for t in trajectories]
+    out: list[list[float]] = [[0.0] * len(_loss_mask(t)) for t in trajectories]
     flat = short = skipped = 0
     dense_weight = settings.rewards.get("progress", 0.0)
     for members in groups.values():
@@ -124,7 +140,7 @@ def step_advantages(
             continue
         group_rewards = torch.tensor([rewards[i] for i in members])
         flat += bool(torch.all(group_rewards == group_rewards[0]))
-        masks = [trajectories[i].tokens.loss_mask if trajectories[i].tokens else [] for i in members]
+        masks = [_loss_mask(trajectories[i]) for i in members]
         if settings.credit == "trajectory":
             values = group_advantages(group_rewards, settings.estimator).tolist()
             for i, mask, value in zip(members, masks, values, strict=True):
@@ -135,7 +151,7 @@ def step_advantages(
         ]
         for i, mask, turn_values in zip(members, masks, group_turn_advantages(per_turn, settings.estimator),
                                         strict=True):
-            out[i] = spread_over_turns(mask, turn_values)
+            out[i] = _spread(trajectories[i], mask, turn_values)
     compared = len(groups) - skipped
     return out, {"zero_variance_groups": flat / max(1, compared), "groups_short": float(short),
                  "groups_skipped": float(skipped)}

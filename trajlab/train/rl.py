@@ -39,6 +39,7 @@ from trajlab.data.store import TrajectoryStore
 from trajlab.rollout.drift import check_token_drift
 from trajlab.rollout.rewards import weighted_reward
 from trajlab.rollout.runner import Episode, EpisodeRunner
+from trajlab.rollout.samples import split_advantages, turn_samples
 from trajlab.rollout.types import Trajectory, task_id
 from trajlab.tracking import Trackers
 from trajlab.train.advantages import step_advantages
@@ -215,9 +216,15 @@ class _Loop:
         started, learning_rate = time.perf_counter(), parts.update.scheduler.get_last_lr()[0]
         # synchronous: the sampler is idle during the update, so it may free its memory and take the weights;
         # asynchronous: it keeps rolling out the next steps and takes the weights between two of them
+        samples, advantages, owners = [], [], []  # an episode kept one sample per turn trains as those samples
+        for i in kept:
+            for sample, advantage in zip(turn_samples(trajectories[i]),
+                                         split_advantages(trajectories[i], token_advantages[i]), strict=True):
+                samples.append(sample)
+                advantages.append(advantage)
+                owners.append(i)
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
-            update, trainer_logprobs = parts.update([trajectories[i] for i in kept],
-                                                    [token_advantages[i] for i in kept], correct=self.correct,
+            update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
                                                     shuffle_seed=self.seed * 1_000_003 + step)
         ended = time.perf_counter()
         parts.model.eval()
@@ -229,7 +236,8 @@ class _Loop:
 
         if self.store is not None:
             record_rollouts(self.store, step, trajectories, rewards, token_advantages, set(kept),
-                            {kept[i]: lps for i, lps in trainer_logprobs.items()})
+                            {owners[j]: lps for j, lps in trainer_logprobs.items()
+                             if trajectories[owners[j]].branches is None})
         record = step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
         record |= group_stats | update | staleness_metrics(staleness, settings.max_staleness)
         record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
