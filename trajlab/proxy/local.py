@@ -240,7 +240,8 @@ def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _chat_choice(choice: Choice, completer: Completer, logprobs: bool, token_ids: bool) -> dict[str, Any]:
     out = {"index": choice.index, "message": choice.message(), "finish_reason": choice.finish_reason,
-           "logprobs": chat_logprobs(choice, completer.token_texts(choice.token_ids)) if logprobs else None}
+           "logprobs": chat_logprobs(choice, completer.token_texts(choice.token_ids),
+                                       completer.token_bytes(choice.token_ids)) if logprobs else None}
     if token_ids:
         out["token_ids"] = choice.token_ids
     return out
