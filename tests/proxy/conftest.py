@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 import uvicorn
 from fastapi import FastAPI
 
@@ -58,17 +57,9 @@ class Served:
 
 @pytest.fixture(scope="module")
 def hf_server(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path_factory) -> Iterator[Served]:
-    """The tiny model behind the real ``hf`` generator, as ``trajlab serve`` wires it.
-
-    Its tokens that are part of a character only (a byte of a multi-byte UTF-8 character) get a logit of 0, so greedy
-    replies never hold one: the untrained model writes them at random, and a reply with a broken character comes
-    back from the client as text whose tokens differ from the recorded ones (a fork, not the one session these
-    tests record)."""
+    """The tiny model behind the real ``hf`` generator, as ``trajlab serve`` wires it."""
     records = tmp_path_factory.mktemp("sessions")
     model = load_model(tiny_model_dir)
-    broken = [i for i in range(len(tiny_tokenizer)) if "\ufffd" in tiny_tokenizer.decode([i])]
-    with torch.no_grad():
-        model.get_output_embeddings().weight[broken] = 0.0
     app = create_app(HFGenerator(model, tiny_tokenizer, max_batch_size=32), tiny_tokenizer, tiny_template,
                      get_parser("auto", tiny_tokenizer), MODEL, SessionRecorder(records), ServeSettings(),
                      tiny_tokenizer.model_max_length)

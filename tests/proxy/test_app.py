@@ -11,6 +11,7 @@ import torch
 from openai import OpenAI
 
 from trajlab.chat.template import render
+from trajlab.chat.utf8 import shown_text
 from trajlab.proxy.openai_format import to_template_messages
 from trajlab.proxy.recording import read_session
 
@@ -80,7 +81,7 @@ def test_multi_turn_tool_conversation_is_recorded_with_exact_tokens(hf_server):
                           chat_template=hf_server.template)
         prompt = record["prompts"][0]
         assert prompt["text"] == rendered
-        assert tokenizer.decode(prompt["token_ids"], skip_special_tokens=False) == rendered
+        assert shown_text(tokenizer, prompt["token_ids"]) == rendered
         assert prompt["token_ids"] == response.model_extra["prompt_token_ids"]
         choice, answer = record["choices"][0], response.choices[0]
         assert choice["token_ids"] == answer.model_extra["token_ids"]
@@ -177,8 +178,8 @@ def test_completions_endpoint_and_sessions_from_header_and_api_key(hf_server):
 def test_a_client_that_disconnects_cancels_its_generation(hf_server):
     """A long generation whose client goes away stops: the next call is answered at once instead of waiting for
     it (the hf generator ends abandoned rows), and the abandoned call is recorded as 499."""
-    # a prompt after which the greedy tiny model (seed 0) writes all 1500 tokens; after [5, 6, 7] it stops at 196
-    long_call = {"model": MODEL, "prompt": [7, 8, 9], "max_tokens": 1500, "temperature": 0}
+    # a prompt after which the greedy tiny model (seed 0) writes all 1500 tokens; after [7, 8, 9] it stops at 53
+    long_call = {"model": MODEL, "prompt": [10, 11, 12], "max_tokens": 1500, "temperature": 0}
     api = client(hf_server.url, "full-length")
     started = time.monotonic()
     whole = api.completions.create(**long_call)

@@ -8,6 +8,10 @@ Stop strings are applied after generation: the generator stops on token ids only
 its token budget or stop token, then cut at the first token whose decoded text completes a stop string. The kept
 token ids are exactly those the model produced up to that point (the token that completes the stop string
 included, as vLLM does); the text is cut before the stop string.
+
+Text is :func:`trajlab.chat.utf8.shown_text`: a reply that ends inside a multi-byte character (its token limit or
+its stop token came after only some of the character's bytes) is returned without that half character rather than
+with a U+FFFD; its token ids keep every byte.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
+from trajlab.chat.utf8 import shown_text, token_bytes
 from trajlab.inference.base import GenerationRequest, GenerationResult, Generator, SamplingParams, request_seed
 from trajlab.proxy.openai_format import Choice, new_tool_call_id
 
@@ -88,10 +93,14 @@ class Completer:
         return choice
 
     def token_texts(self, token_ids: list[int]) -> list[str]:
-        return [self._decode([token]) for token in token_ids]
+        """Each token decoded alone: U+FFFD for a token that holds part of a character (see ``token_bytes``)."""
+        return [self.tokenizer.decode([token], skip_special_tokens=False) for token in token_ids]
+
+    def token_bytes(self, token_ids: list[int]) -> list[bytes]:
+        return token_bytes(self.tokenizer, token_ids)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return shown_text(self.tokenizer, ids)
 
     def _cut_at_stop_string(self, ids: list[int], stops: list[str]) -> tuple[int, str, str] | None:
         """(tokens kept, text before the stop string, the stop string), or None when no stop string occurs."""

@@ -27,7 +27,8 @@ none), ``tools`` (the request's tool names joined by ",", "" when none: ``tools=
 The end of a sample: when the template renders the final assistant message as exactly the recorded completion plus
 a tail (ChatML's ``\\n`` after ``<|im_end|>``; ``<|im_end|>\\n`` when the completion ran out of tokens), the tail is
 appended with loss 0, as the rollout engine does, so ``decode(prompt_ids + completion_ids)`` equals the template's
-rendering of ``messages``; ``metrics["template_match"]`` says whether it does.
+rendering of ``messages``; ``metrics["template_match"]`` says whether it does. The text of ids is the server's
+(:func:`trajlab.chat.utf8.shown_text`): a reply that ended inside a character was returned without it.
 
 Outcome: a recording has no verifier. ``reward`` (a ``module:function`` taking the Trajectory and returning a float,
 or ``(float, success)``; a float alone means success when it is > 0) scores each sample. Unscored samples get reward
@@ -48,6 +49,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.template import image_ids, render
+from trajlab.chat.utf8 import shown_text
 from trajlab.data.store import TrajectoryStore, image_dir
 from trajlab.proxy.openai_format import to_template_messages, validate_tools
 from trajlab.proxy.recording import RECORD_SCHEMA, read_session
@@ -238,10 +240,10 @@ def to_trajectory(
     if record["endpoint"] == CHAT:
         messages = to_template_messages([*record["request"]["messages"], choice["message"]])
         full = render(tokenizer, messages, tools, chat_template=template)
-        head = record["prompts"][0]["text"] + tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
+        head = record["prompts"][0]["text"] + shown_text(tokenizer, choice["token_ids"])
         if full.startswith(head):
             tokens.extend(tokenizer.encode(full[len(head):], add_special_tokens=False), trained=False)
-        decoded = tokenizer.decode(tokens.prompt_ids + tokens.completion_ids, skip_special_tokens=False)
+        decoded = shown_text(tokenizer, tokens.prompt_ids + tokens.completion_ids)
         if pngs:  # the ids hold each image's tokens where the text holds its placeholder: expand it as they do
             images = [decode_png(pngs[image_id]) for image_id in image_ids(messages)]
             expanded = processor(text=full, images=images, add_special_tokens=False)["input_ids"][0]

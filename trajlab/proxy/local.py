@@ -11,7 +11,8 @@ from fastapi import FastAPI, Request
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import ToolCallParser
-from trajlab.chat.template import ChatTemplate, image_ids, stop_token_ids
+from trajlab.chat.template import ChatTemplate, TemplateNotPrefixPreservingError, image_ids, stop_token_ids
+from trajlab.chat.utf8 import shown_text
 from trajlab.config import ServeSettings
 from trajlab.inference.base import Generator
 from trajlab.proxy.app import CallContext, WorkResult, openai_app, read_body
@@ -30,6 +31,7 @@ from trajlab.proxy.openai_format import (
     validate_tools,
 )
 from trajlab.proxy.recording import SessionRecorder
+from trajlab.proxy.replies import ReplyMemory, candidate_keys, reply_key
 from trajlab.proxy.streaming import chat_chunks, completion_chunks
 from trajlab.rollout.images import decode_png
 
@@ -82,6 +84,7 @@ class LocalBackend:
         self.processor = processor
         self.completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
         self.chat_template = ChatTemplate(tokenizer, [], template, processor)
+        self.replies = ReplyMemory()
         # Where the model puts image features. Only the processor may write these ids: text holding one would leave
         # the model more image tokens than image features, failing every request batched with it.
         self.image_tokens = {token for token in getattr(processor, "image_token_ids", None) or []
@@ -101,13 +104,14 @@ class LocalBackend:
                               param="top_logprobs")
         stops, completer = req.stop_strings(), self.completer
         messages = to_template_messages(raw_messages)
-        prompt_text, prompt_ids, images = self._prompt(messages, tools, call.images)
+        prompt_text, prompt_ids, images = self._prompt(call.session, messages, tools, call.images)
         params = completer.sampling(self._budget(req.token_budget(), len(prompt_ids), self.serve.default_max_tokens),
                                     req.temperature, req.top_p)
         results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed,
                                            images=images)
         choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools)
                    for i, r in enumerate(results)]
+        self._remember(call.session, messages, tools, prompt_ids, choices)
         response = {
             "id": call.request_id, "object": "chat.completion", "created": int(call.started),
             "model": self.model_name,
@@ -160,11 +164,12 @@ class LocalBackend:
                 "max_model_len": self.context}
         return {"object": "list", "data": [card]}
 
-    def _prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+    def _prompt(self, session: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                 pngs: dict[str, bytes]) -> tuple[str, list[int], list[Any]]:
         """The rendered prompt, its token ids and its images, as the rollout engine makes them: the processor turns
         each image's placeholder into the image's tokens, and the model gets the images decoded from their PNG
-        bytes, the very pixels the recording keeps."""
+        bytes, the very pixels the recording keeps. Messages that send back a reply of this session's continue
+        from the model's own tokens (``proxy.replies``)."""
         if image_ids(messages) and self.processor is None:
             raise bad_request(f"the model {self.model_name!r} reads text only (it has no image processor): image "
                               "parts need a vision-language model served with the hf backend", param="messages",
@@ -176,13 +181,45 @@ class LocalBackend:
             raise bad_request(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         images = turn.images_of(messages)
         try:
-            ids = turn.encode(text, images)
+            ids = self._continued(session, turn, messages, tools)
+            if ids is None:
+                ids = turn.encode(text, images)
         except ValueError as exc:  # the processor's: the text holds image placeholders of its own
             raise bad_request(f"the processor cannot place these images: {exc}", param="messages") from exc
         if self.image_tokens:  # the text's own tokens: the prompt without its images' parts
             self._refuse_image_tokens(turn.encode(turn.render(_text_only(messages), add_generation_prompt=True))
                                       if images else ids, "messages")
         return text, ids, images
+
+    def _continued(self, session: str, turn: ChatTemplate, messages: list[dict[str, Any]],
+                   tools: list[dict[str, Any]]) -> list[int] | None:
+        """The prompt ids that continue the history of the last reply of this session's the messages send back: that
+        call's prompt, the reply's ids, the template's tokens for the messages after it; None when none is known."""
+        for j, key in candidate_keys(session, tools, messages):
+            history = self.replies.recall(key)
+            if history is not None:
+                try:
+                    return history + turn.observation_ids(messages[:j + 1], messages[j + 1:])
+                except TemplateNotPrefixPreservingError:  # the messages after it rewrote it: render them whole
+                    return None
+        return None
+
+    def _remember(self, session: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                  prompt_ids: list[int], choices: list[Choice]) -> None:
+        """Remember each reply whose ids, closed by the template's end of turn when the model did not close it,
+        show the template's rendering of the message returned (``proxy.replies``)."""
+        turn = self.chat_template.with_tools(tools)
+        for choice in choices:
+            reply = to_template_messages([choice.message()])[0]
+            try:
+                rendered = turn.assistant_text(messages, reply)
+            except Exception:  # noqa: BLE001 - a template that cannot render the reply: it is rendered again if sent
+                continue
+            ids, shown = list(choice.token_ids), shown_text(self.tokenizer, choice.token_ids)
+            if rendered.startswith(shown) and rendered != shown:
+                ids += turn.encode(rendered[len(shown):])
+            if shown_text(self.tokenizer, ids) == rendered:
+                self.replies.remember(reply_key(session, tools, messages, reply), prompt_ids + ids)
 
     def _refuse_image_tokens(self, ids: list[int], param: str) -> None:
         if self.image_tokens.intersection(ids):
@@ -240,7 +277,8 @@ def _text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _chat_choice(choice: Choice, completer: Completer, logprobs: bool, token_ids: bool) -> dict[str, Any]:
     out = {"index": choice.index, "message": choice.message(), "finish_reason": choice.finish_reason,
-           "logprobs": chat_logprobs(choice, completer.token_texts(choice.token_ids)) if logprobs else None}
+           "logprobs": chat_logprobs(choice, completer.token_texts(choice.token_ids),
+                                       completer.token_bytes(choice.token_ids)) if logprobs else None}
     if token_ids:
         out["token_ids"] = choice.token_ids
     return out

@@ -288,11 +288,12 @@ def new_tool_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def chat_logprobs(choice: Choice, token_texts: list[str]) -> dict[str, Any]:
-    """OpenAI's chat ``logprobs``: one entry per generated token (top alternatives are not available)."""
+def chat_logprobs(choice: Choice, token_texts: list[str], token_bytes: list[bytes]) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: one entry per generated token (top alternatives are not available); ``bytes``
+    are the token's own, part of a character's when the token holds only part of one."""
     return {"content": [
-        {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-        for text, lp in zip(token_texts, choice.logprobs, strict=True)
+        {"token": text, "logprob": lp, "bytes": list(data), "top_logprobs": []}
+        for text, data, lp in zip(token_texts, token_bytes, choice.logprobs, strict=True)
     ]}
 
 

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from trajlab.chat.context import TemplateContext
 from trajlab.chat.parsers import ToolCallParser
 from trajlab.chat.template import ChatTemplate
+from trajlab.chat.utf8 import shown_text
 from trajlab.errors import UserError
 from trajlab.rollout.engine import assistant_message
 from trajlab.rollout.types import Trajectory
@@ -242,10 +243,11 @@ def _normal(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _conversation_drift(trajectory: Trajectory, chat: ChatTemplate) -> Drift | None:
-    """Recorded sessions: the decoded ids must equal the template's rendering of the whole conversation."""
+    """Recorded sessions: the ids' text must equal the template's rendering of the whole conversation. Their text
+    is the recording server's (``shown_text``): a reply that ended inside a character was returned without it."""
     tokens = trajectory.tokens
     ids = tokens.prompt_ids + tokens.completion_ids
-    decoded = chat.tokenizer.decode(ids, skip_special_tokens=False)
+    decoded = shown_text(chat.tokenizer, ids)
     rendered = chat.render(trajectory.messages)
     if images := chat.images_of(trajectory.messages):  # the ids hold each image's tokens, the text its placeholder
         rendered = chat.tokenizer.decode(chat.encode(rendered, images), skip_special_tokens=False)
@@ -256,7 +258,7 @@ def _conversation_drift(trajectory: Trajectory, chat: ChatTemplate) -> Drift | N
     low, high = 0, len(ids)  # the first token whose text reaches past the differing character
     while low < high:
         middle = (low + high) // 2
-        if len(chat.tokenizer.decode(ids[: middle + 1], skip_special_tokens=False)) > at:
+        if len(shown_text(chat.tokenizer, ids[: middle + 1])) > at:
             high = middle
         else:
             low = middle + 1
