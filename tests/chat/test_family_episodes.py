@@ -17,10 +17,9 @@ import pytest
 
 from trajlab.chat.context import TemplateContext, context_for_run
 from trajlab.chat.parsers import get_parser
-from trajlab.chat.template import render
+from trajlab.chat.template import render, resolve_chat
 from trajlab.env import Environment
 from trajlab.env.registry import EnvSpec
-from trajlab.inference.policy import chat_of
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.families import load_family_tokenizer
 from trajlab.rollout.drift import check_token_drift, find_drift
@@ -80,7 +79,7 @@ def scripted_policy(parallel, thinking=True):
 
 def run(family, kwargs=None, today=None):
     tokenizer = load_family_tokenizer(family)
-    template, context = chat_of(tokenizer, kwargs)
+    template, context = resolve_chat(tokenizer, kwargs)
     if today is not None:
         context = context_for_run(template, kwargs, today=today)
     spec = EnvSpec(name="dictionary", env_cls=Dictionary, system_prompt="You know words.")

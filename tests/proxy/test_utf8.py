@@ -176,3 +176,27 @@ def test_an_untrained_model_writing_any_bytes_merges_as_ascii_does(random_qwen, 
     kept, _ = check_token_drift(trajectories, served.tokenizer, served.template,
                                 get_parser("auto", served.tokenizer), max_drift=0.0)
     assert kept == trajectories
+
+
+def test_a_served_template_context_is_recorded_and_exported_with_the_session(tmp_path):
+    """Qwen3 served with thinking off (``model.chat_template_kwargs``): each chat call records what the template
+    rendered with, and the exported session carries it, so it merges and passes the drift guard as served."""
+    from trajlab.chat.template import resolve_chat
+
+    tokenizer = load_family_tokenizer("qwen3")
+    template, context = resolve_chat(tokenizer, {"enable_thinking": False})
+    ids, shown = replies(tokenizer)
+    app = create_app(IdsGenerator(ids), tokenizer, template, get_parser("auto", tokenizer), MODEL,
+                     SessionRecorder(tmp_path), ServeSettings(), 32768, context=context)
+    with running(app) as url:
+        messages, _ = talk(url, "qwen3", False, cut(tokenizer))
+    records = list(read_session(tmp_path / "qwen3.jsonl"))
+    assert all(r["template_context"] == {"kwargs": {"enable_thinking": False}} for r in records)
+    assert records[0]["prompts"][0]["text"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    summary = export_sessions(session_files(tmp_path), tmp_path / "out.jsonl", tokenizer, template)
+    assert summary["samples"] == 1
+    (trajectory,) = read_trajectories(tmp_path / "out.jsonl")
+    assert trajectory.template_context == {"kwargs": {"enable_thinking": False}}
+    assert trajectory.metrics["turns"] == 3 and trajectory.metrics["template_match"] == 1.0
+    assert check_token_drift([trajectory], tokenizer, template, get_parser("auto", tokenizer),
+                             max_drift=0.0) == ([trajectory], [])

@@ -11,13 +11,13 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from trajlab.chat.context import TemplateContext
+from trajlab.chat.context import TemplateContext, context_for_run
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +193,14 @@ def resolve_chat_template(
     logger.warning("%s Its episodes train one sample per turn: each turn's prompt is the template's own rendering "
                    "of the conversation so far.", message)
     return template
+
+
+def resolve_chat(tokenizer: PreTrainedTokenizerBase, template_kwargs: Mapping[str, Any] | None = None,
+                 on_unsafe: Literal["swap", "branch", "refuse"] = "swap") -> tuple[str, TemplateContext]:
+    """The template a run renders with (:func:`resolve_chat_template`) and its context: ``template_kwargs`` and,
+    when the template reads the date, today's pinned for the run."""
+    template = resolve_chat_template(tokenizer, on_unsafe, TemplateContext(kwargs=dict(template_kwargs or {})))
+    return template, context_for_run(template, template_kwargs)
 
 
 class ChatTemplate:

@@ -13,8 +13,8 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trajlab.chat.context import TemplateContext, context_for_run
-from trajlab.chat.template import resolve_chat_template
+from trajlab.chat.context import TemplateContext
+from trajlab.chat.template import resolve_chat
 from trajlab.errors import UserError
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.models.devices import AUTO
@@ -35,14 +35,6 @@ class Policy:
     chat_template: str
     processor: Any = None
     context: TemplateContext = field(default_factory=TemplateContext)
-
-
-def chat_of(tokenizer: PreTrainedTokenizerBase, template_kwargs: Mapping[str, Any] | None = None
-            ) -> tuple[str, TemplateContext]:
-    """The prefix-preserving template to roll out with, and its context: ``template_kwargs`` and, when the template
-    reads the date, today's pinned for the run."""
-    template = resolve_chat_template(tokenizer, context=TemplateContext(kwargs=dict(template_kwargs or {})))
-    return template, context_for_run(template, template_kwargs)
 
 
 def load_policy(
@@ -92,7 +84,7 @@ def load_policy(
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
                                      max_batch_size=max_batch_size)
-        template, context = chat_of(loaded, template_kwargs)
+        template, context = resolve_chat(loaded, template_kwargs)
         return Policy(generator, loaded, template, processor, context)
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
@@ -103,7 +95,7 @@ def load_policy(
                                        name=str(policy.name_or_path or "model"))
     else:
         built = policy
-    template, context = chat_of(loaded, template_kwargs)
+    template, context = resolve_chat(loaded, template_kwargs)
     return Policy(built, loaded, template, context=context)
 
 
@@ -150,7 +142,7 @@ def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase |
         raise UserError("this env has no reference policy ('oracle'): pass a model directory or a server URL.")
     source = tokenizer or (ensure_default_vision_model() if vision else ensure_default_model())
     loaded = _tokenizer(source)
-    template, context = chat_of(loaded, template_kwargs)
+    template, context = resolve_chat(loaded, template_kwargs)
     processor = _processor(str(source)) if isinstance(source, str | Path) else None
     return Policy(ScriptedGenerator(oracle, loaded, template, name="oracle", context=context), loaded, template,
                   processor, context)
@@ -168,5 +160,5 @@ def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | N
     model = served_model(base_url, model)
     loaded = _tokenizer(tokenizer)
     processor = _processor(str(tokenizer)) if isinstance(tokenizer, str | Path) else None
-    template, context = chat_of(loaded, template_kwargs)
+    template, context = resolve_chat(loaded, template_kwargs)
     return Policy(OpenAIGenerator(base_url, model, loaded), loaded, template, processor, context)

@@ -48,6 +48,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
 from trajlab.chat.template import image_ids, render
 from trajlab.chat.utf8 import shown_text
 from trajlab.data.store import TrajectoryStore, image_dir
@@ -237,9 +238,10 @@ def to_trajectory(
                              "vision-language model directory as --tokenizer) and the session's image folder")
         pngs = {image_id: (image_folder / image_id).read_bytes() for image_id in sample.images}
     match = 0.0
+    context = TemplateContext.from_record(record.get("template_context"))  # what the server rendered with
     if record["endpoint"] == CHAT:
         messages = to_template_messages([*record["request"]["messages"], choice["message"]])
-        full = render(tokenizer, messages, tools, chat_template=template)
+        full = render(tokenizer, messages, tools, chat_template=template, context=context)
         head = record["prompts"][0]["text"] + shown_text(tokenizer, choice["token_ids"])
         if full.startswith(head):
             tokens.extend(tokenizer.encode(full[len(head):], add_special_tokens=False), trained=False)
@@ -266,6 +268,7 @@ def to_trajectory(
         stop_reason="max_new_tokens" if truncated else str(choice.get("finish_reason") or ""),
         policy=str(record.get("model", "")),
         images=sample.images,
+        template_context=context.record(),
     )
     trajectory.attach_images(pngs)
     return apply_reward(trajectory, reward) if reward is not None else trajectory

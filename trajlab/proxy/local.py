@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from transformers import PreTrainedTokenizerBase
 
+from trajlab.chat.context import TemplateContext
 from trajlab.chat.parsers import ToolCallParser
 from trajlab.chat.template import ChatTemplate, TemplateNotPrefixPreservingError, image_ids, stop_token_ids
 from trajlab.chat.utf8 import shown_text
@@ -46,6 +47,7 @@ def create_app(
     serve: ServeSettings,
     model_context: int,
     processor: Any = None,
+    context: TemplateContext | None = None,
 ) -> FastAPI:
     """Build the server around already-built collaborators.
 
@@ -65,12 +67,14 @@ def create_app(
         model_context: the model's own context length in tokens (its config's ``max_position_embeddings``).
         processor: a vision-language model's processor, which turns the images of chat requests into the model's
             image tokens (``generator`` must pass ``GenerationRequest.images`` to the model); None: text only.
+        context: the template's variables and pinned date (``model.chat_template_kwargs``); recorded with each
+            chat call, so an export renders the session as it was served.
 
     Raises:
         ValueError: ``serve.max_context`` is longer than ``model_context``.
     """
     backend = LocalBackend(generator, tokenizer, template, parser, model_name, serve,
-                           _context_length(serve.max_context, model_context), processor)
+                           _context_length(serve.max_context, model_context), processor, context)
     return openai_app(backend.chat, backend.completion, backend.list_models, recorder, model_name)
 
 
@@ -79,11 +83,12 @@ class LocalBackend:
     may use (prompt plus completion)."""
 
     def __init__(self, generator: Generator, tokenizer: PreTrainedTokenizerBase, template: str,
-                 parser: ToolCallParser, model_name: str, serve: ServeSettings, context: int, processor: Any) -> None:
+                 parser: ToolCallParser, model_name: str, serve: ServeSettings, context: int, processor: Any,
+                 template_context: TemplateContext | None = None) -> None:
         self.tokenizer, self.model_name, self.serve, self.context = tokenizer, model_name, serve, context
         self.processor = processor
         self.completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
-        self.chat_template = ChatTemplate(tokenizer, [], template, processor)
+        self.chat_template = ChatTemplate(tokenizer, [], template, processor, context=template_context)
         self.replies = ReplyMemory()
         # Where the model puts image features. Only the processor may write these ids: text holding one would leave
         # the model more image tokens than image features, failing every request batched with it.
@@ -124,6 +129,8 @@ class LocalBackend:
                                 response["usage"], completer)
         if images:
             fields["prompts"][0]["images"] = image_ids(messages)
+        if recorded := self.chat_template.context.record():
+            fields["template_context"] = recorded
         return response, fields, chat_chunks(response, req.include_usage()) if req.stream else None
 
     async def completion(self, request: Request, call: CallContext) -> WorkResult:

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from trajlab.chat.parsers import get_parser
-from trajlab.chat.template import resolve_chat_template
+from trajlab.chat.template import resolve_chat
 from trajlab.config import ModelSettings, ServeSettings
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
@@ -46,15 +46,15 @@ def build_app(serve: ServeSettings, model: ModelSettings, parser: str) -> FastAP
         raise ValueError("nothing to serve: give --model DIR (model.path) to serve a model directory, or --upstream "
                          "URL (serve.upstream) to forward to a server")
     tokenizer = load_tokenizer(model.path)
-    template = resolve_chat_template(tokenizer)
+    template, context = resolve_chat(tokenizer, model.chat_template_kwargs)
     tool_parser = get_parser(parser, tokenizer)
     name = serve.served_model_name or Path(model.path).resolve().name
     processor = load_processor(model.path) if model.backend == "hf" else None  # vllm gets no images from us
     generator, model_config = _generator(serve, model, tokenizer, name, processor)
     text_config = model_config.get_text_config()  # a vision-language model's context is its text model's
-    context = int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
+    model_context = int(getattr(text_config, "max_position_embeddings", 0) or tokenizer.model_max_length)
     return create_app(generator, tokenizer, template, tool_parser, name, SessionRecorder(serve.record_dir), serve,
-                      context, processor)
+                      model_context, processor, context)
 
 
 def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrainedTokenizerBase, name: str,

@@ -21,13 +21,14 @@ from accelerate.utils import set_seed
 from transformers import PreTrainedModel
 
 from trajlab.chat.parsers import get_parser
+from trajlab.chat.template import resolve_chat
 from trajlab.collection.engines import resolve_prompts, rollout_engine
 from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator
 from trajlab.inference.hf import HFGenerator
-from trajlab.inference.policy import Policy, chat_of
+from trajlab.inference.policy import Policy
 from trajlab.models.devices import AUTO
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
@@ -130,7 +131,7 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
     behaviour = copy.deepcopy(policy).eval() if settings.max_staleness and in_process else None
     generator = sampler or HFGenerator(behaviour or policy, tokenizer, max_batch_size=rollout.concurrency,
                                        processor=processor)
-    template, context = chat_of(tokenizer, placed.chat_template_kwargs)
+    template, context = resolve_chat(tokenizer, placed.chat_template_kwargs)
 
     def engine(stage: int, by: Generator, temperature: float) -> EpisodeRunner:
         chosen = curriculum.stages[stage]
