@@ -322,17 +322,23 @@ def image_ids(messages: list[Message]) -> list[str]:
 
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                      "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>")
+                      "<｜end▁of▁sentence｜>")
+HARMONY_MARKERS = ("<|channel|>", "<|call|>", "<|return|>")
+HARMONY_TURN_ENDS = ("<|call|>", "<|return|>")
+"""gpt-oss (harmony) ends a turn at a call or at its final answer. Its ``<|end|>`` only closes one message of a turn
+(the analysis before a call), so stopping there would cut every call off."""
 
 
 def end_of_turn_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """Token texts that end a model turn: the eos token plus known end-of-turn markers in this vocabulary."""
+    """Token texts that end a model turn: the eos token plus the end-of-turn markers of this vocabulary's format."""
     vocab = tokenizer.get_vocab()
-    texts = [text for text in END_OF_TURN_TOKENS if text in vocab]
+    known = HARMONY_TURN_ENDS if all(marker in vocab for marker in HARMONY_MARKERS) else END_OF_TURN_TOKENS
+    texts = [text for text in known if text in vocab]
     if tokenizer.eos_token and tokenizer.eos_token not in texts:
         texts.append(tokenizer.eos_token)
     return texts
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids that end a model turn's generation (:func:`end_of_turn_texts`)."""
     return sorted({tokenizer.convert_tokens_to_ids(text) for text in end_of_turn_texts(tokenizer)})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,10 +29,15 @@ SPACE = re.compile(r"\s*")
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One well-formed tool call: the tool's name and its decoded keyword arguments."""
+    """One well-formed tool call: the tool's name, its decoded keyword arguments, and the call id the model wrote.
+
+    Most formats leave ids to the engine (`id` None); Mistral's model writes them itself, and the rendered
+    conversation must hold the very id it wrote.
+    """
 
     name: str
     arguments: dict[str, Any]
+    id: str | None = None
 
 
 @dataclass
@@ -42,21 +48,28 @@ class ParsedResponse:
         content: Assistant text outside tool calls, without end-of-turn markers.
         tool_calls: Well-formed calls, in the order the model wrote them.
         errors: One message per malformed call, addressed to the model: what was wrong and the expected format.
-        reasoning: The `<think>` content when present.
+        reasoning: The `<think>` content (harmony: the analysis channel) when present.
+        reasoning_field: The assistant message key the chat template reads reasoning from: `reasoning_content`
+            for most, `thinking` for gpt-oss.
     """
 
     content: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reasoning: str | None = None
+    reasoning_field: str = "reasoning_content"
 
 
 class ToolCallParser(Protocol):
-    """Anything that splits a completion into a `ParsedResponse`; `parse` must never raise."""
+    """Anything that splits a completion into a `ParsedResponse`; `parse` must never raise.
+
+    `prefix` is the end of the rendered prompt; `tools` are the schemas the model was shown, for formats that write
+    arguments as text and need the schema to type them (Qwen3-Coder and Qwen3.5 XML calls).
+    """
 
     name: str
 
-    def parse(self, text: str, prefix: str = "") -> ParsedResponse: ...
+    def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse: ...
 
 
 # --------------------------------------------------------------------------------------------------- shared helpers

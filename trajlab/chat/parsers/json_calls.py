@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from trajlab.chat.parsers.base import (
     CALL_CLOSE,
@@ -36,7 +37,7 @@ class HermesParser:
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None):
         self.markers = markers_for(tokenizer)
 
-    def parse(self, text: str, prefix: str = "") -> ParsedResponse:
+    def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         reasoning, rest, think_error = split_reasoning(text, prefix)
         parts: list[str] = []
         calls: list[ToolCall] = []
@@ -111,7 +112,7 @@ class Llama3Parser:
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None):
         self.markers = (*markers_for(tokenizer), PYTHON_TAG)
 
-    def parse(self, text: str, prefix: str = "") -> ParsedResponse:
+    def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         head, tag, body = text.partition(PYTHON_TAG)
         if not tag:
             head, body = "", text

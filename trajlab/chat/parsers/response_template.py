@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trajlab.chat.parsers.base import (
@@ -43,9 +44,9 @@ class ResponseTemplateParser:
         self.markers = (*markers_for(tokenizer), PYTHON_TAG)
         self.format = _example_call(tokenizer) or "the tool-call format shown in the system prompt"
 
-    def parse(self, text: str, prefix: str = "") -> ParsedResponse:
+    def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         try:
-            message = self._parse_response(text, prefix)
+            message = self._parse_response(text, prefix, list(tools) if tools else None)
         except Exception as e:  # any failure of a third-party parser must reach the model as text
             error = f"Your tool call could not be parsed ({_first_lines(e)}). Write each call as {self.format}"
             return ParsedResponse(join_content([text], self.markers), [], [error])
@@ -54,16 +55,16 @@ class ResponseTemplateParser:
         except Exception as e:  # an unexpected message shape is still only an error
             return ParsedResponse(join_content([text], self.markers), [], [f"Your reply could not be parsed ({e})."])
 
-    def _parse_response(self, text: str, prefix: str) -> dict:
+    def _parse_response(self, text: str, prefix: str, tools: list[dict[str, Any]] | None) -> dict:
         try:
-            return self.tokenizer.parse_response(text, prefix=prefix)
+            return self.tokenizer.parse_response(text, prefix=prefix, tools=tools)
         except Exception:
             # Some templates close a call with the end-of-turn token (Llama 3's `}<|eot_id|>`): retry with it, in case
             # the generator stripped the stop token.
             eos = getattr(self.tokenizer, "eos_token", None)
             if not isinstance(eos, str) or not eos or text.rstrip().endswith(eos):
                 raise
-            return self.tokenizer.parse_response(text + eos, prefix=prefix)
+            return self.tokenizer.parse_response(text + eos, prefix=prefix, tools=tools)
 
     def _convert(self, message: Any) -> ParsedResponse:
         if not isinstance(message, dict):
