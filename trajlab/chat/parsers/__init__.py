@@ -15,19 +15,31 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trajlab.chat.parsers.base import END_MARKERS, ParsedResponse, ToolCall, ToolCallParser
+from trajlab.chat.parsers.harmony import HarmonyParser
 from trajlab.chat.parsers.json_calls import HermesParser, Llama3Parser
+from trajlab.chat.parsers.mistral import TOOL_CALLS, MistralParser
+from trajlab.chat.parsers.qwen_xml import QwenXmlParser
 from trajlab.chat.parsers.response_template import ResponseTemplateParser
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["END_MARKERS", "HermesParser", "Llama3Parser", "ParsedResponse", "ResponseTemplateParser", "ToolCall",
-           "ToolCallParser", "get_parser", "register_parser"]
+__all__ = ["END_MARKERS", "HarmonyParser", "HermesParser", "Llama3Parser", "MistralParser", "ParsedResponse",
+           "QwenXmlParser", "ResponseTemplateParser", "ToolCall", "ToolCallParser", "get_parser", "register_parser"]
 
 ParserFactory = Callable[["PreTrainedTokenizerBase | None"], ToolCallParser]
 
 
 def _auto(tokenizer: PreTrainedTokenizerBase | None) -> ToolCallParser:
+    """The parser for the tool-call format the tokenizer's chat template writes, found by that format's markers."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template.get("default", "") if isinstance(template, dict) else template or ""
+    if "<|channel|>" in template and "<|call|>" in template:
+        return HarmonyParser(tokenizer)
+    if TOOL_CALLS in template:
+        return MistralParser(tokenizer)
+    if "<function=" in template and "<parameter=" in template:
+        return QwenXmlParser(tokenizer)
     if getattr(tokenizer, "response_template", None) is not None:
         return ResponseTemplateParser(tokenizer)
     return HermesParser(tokenizer)
@@ -35,8 +47,11 @@ def _auto(tokenizer: PreTrainedTokenizerBase | None) -> ToolCallParser:
 
 _PARSERS: dict[str, ParserFactory] = {
     "auto": _auto,
+    "harmony": HarmonyParser,
     "hermes": HermesParser,
     "llama3": Llama3Parser,
+    "mistral": MistralParser,
+    "qwen3_xml": QwenXmlParser,
     "response_template": ResponseTemplateParser,
 }
 
@@ -55,8 +70,9 @@ def get_parser(name: str, tokenizer: PreTrainedTokenizerBase | None = None) -> T
     """Build the parser registered as `name`.
 
     Args:
-        name: "hermes", "llama3", "response_template", "auto" (response_template when the tokenizer has a
-            `response_template`, else hermes), or any name added with `register_parser`.
+        name: "hermes", "llama3", "mistral", "qwen3_xml", "harmony", "response_template", "auto" (the format the
+            chat template writes: harmony, mistral or qwen3_xml by their markers, else response_template when the
+            tokenizer has a `response_template`, else hermes), or any name added with `register_parser`.
         tokenizer: The policy's tokenizer; needed by "response_template", used by the others for its eos token.
 
     Raises:
