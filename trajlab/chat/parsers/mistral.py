@@ -43,7 +43,7 @@ class MistralParser:
     name = "mistral"
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None):
-        self.markers = markers_for(tokenizer)
+        self.markers = tuple(dict.fromkeys((*markers_for(tokenizer), "</s>")))  # Mistral's eos, known or not
 
     def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         parts: list[str] = []
