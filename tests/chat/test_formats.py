@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from trajlab.chat.parsers import (
     HarmonyParser,
@@ -255,3 +257,37 @@ def test_harmony_recipient_after_the_channel_and_a_preamble():
             '<|message|>{"word": "x"}<|call|>')
     assert HarmonyParser().parse(text) == ParsedResponse("Checking.", [ToolCall("lookup", {"word": "x"})], [],
                                                          "Need it.", "thinking")
+
+
+# --------------------------------------------------------------------------------------------------- properties
+
+FRAGMENTS = [
+    "[TOOL_CALLS]", "</s>", "[", "]", "{", "}", '"name"', '"arguments"', '"id"', ":", ",", '"abcdefgh1"', "<tool_call>",
+    "</tool_call>", "<function=lookup>", "<function=", "</function>", "<parameter=limit>", "<parameter=word>",
+    "</parameter>", "\n", " ", "7", "True", "<think>", "</think>", "<|start|>", "assistant", " to=functions.lookup",
+    " to=", "<|channel|>", "analysis", "commentary", "final", " json", "<|constrain|>", "<|message|>", "<|end|>",
+    "<|call|>", "<|return|>", '{"word": "x"}',
+]  # fmt: skip
+fragment_text = st.one_of(st.text(), st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)),
+                                              max_size=30).map("".join))
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(text=fragment_text, prefix=fragment_text)
+def test_the_new_parsers_never_raise(text, prefix):
+    for parser in (MistralParser(), QwenXmlParser(), HarmonyParser()):
+        parsed = parser.parse(text, prefix=prefix, tools=TOOLS)
+        assert isinstance(parsed.content, str) and all(isinstance(e, str) and e for e in parsed.errors)
+        assert all(isinstance(c, ToolCall) and isinstance(c.arguments, dict) for c in parsed.tool_calls)
+
+
+@PROPERTY
+@given(head=fragment_text, tail=fragment_text)
+def test_a_started_call_is_never_silently_lost(head, tail):
+    assume("think>" not in head + tail)  # a call written inside reasoning is reasoning
+    for parser, opener in ((MistralParser(), "[TOOL_CALLS]"), (QwenXmlParser(), "<tool_call>"),
+                           (HarmonyParser(), " to=functions.lookup<|channel|>commentary")):
+        text = ("" if isinstance(parser, HarmonyParser) else head) + opener + tail
+        parsed = parser.parse(text, tools=TOOLS)
+        assert parsed.tool_calls or parsed.errors, (parser.name, text)
