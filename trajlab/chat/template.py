@@ -317,10 +317,34 @@ class ChatTemplate:
     def _split_assistant_block(self, history: list[Message], message: Message) -> tuple[str, str]:
         """Split the rendered assistant turn into what the model generates and what the template adds after it."""
         before = self.render(history, add_generation_prompt=True)
-        block = self.render(history + [message])[len(before):]
+        full = self.render(history + [message])
+        block = full[len(before):] if full.startswith(before) else self._rewritten_turn(history, message, full)
         ends = [block.rfind(text) + len(text) for text in self._end_of_turn if text in block]
         cut = max(ends) if ends else len(block)
         return block[:cut], block[cut:]
+
+
+    def _rewritten_turn(self, history: list[Message], message: Message, full: str) -> str:
+        """The assistant turn at the end of ``full`` when appending it rewrote earlier turns (Mistral moves its system
+        prompt off the last user message once a reply follows; gpt-oss drops earlier calls' analysis once an answer
+        does), so it does not start where the generation prompt ended. It starts after the message before it and the
+        generation prompt, which are found by rendering that message with a marker as its content."""
+        marked = [*history[:-1], {**history[-1], "content": _TURN_MARKER}] if history else []
+        prompt = self.render(marked, add_generation_prompt=True)
+        rendered = self.render(marked + [message])
+        if _TURN_MARKER not in prompt or _TURN_MARKER not in rendered:
+            raise TemplateNotPrefixPreservingError("The chat template rewrote earlier messages when the assistant's "
+                                                   "turn was appended, and where that turn starts cannot be found.")
+        between = prompt[prompt.rindex(_TURN_MARKER) + len(_TURN_MARKER):]  # the message's close, the gen prompt
+        at = rendered.rindex(_TURN_MARKER) + len(_TURN_MARKER)
+        block = rendered[at + len(between):]
+        if not rendered.startswith(between, at) or not full.endswith(block):
+            raise TemplateNotPrefixPreservingError("The chat template rewrote earlier messages when the assistant's "
+                                                   "turn was appended, and renders that turn differently in context.")
+        return block
+
+
+_TURN_MARKER = "TRAJLABTURNMARKER7F3A9C"  # letters only: JSON-encoding a tool result (gpt-oss) leaves it as it is
 
 
 def image_ids(messages: list[Message]) -> list[str]:
@@ -330,17 +354,23 @@ def image_ids(messages: list[Message]) -> list[str]:
 
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                      "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>")
+                      "<｜end▁of▁sentence｜>")
+HARMONY_MARKERS = ("<|channel|>", "<|call|>", "<|return|>")
+HARMONY_TURN_ENDS = ("<|call|>", "<|return|>")
+"""gpt-oss (harmony) ends a turn at a call or at its final answer. Its ``<|end|>`` only closes one message of a turn
+(the analysis before a call), so stopping there would cut every call off."""
 
 
 def end_of_turn_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """Token texts that end a model turn: the eos token plus known end-of-turn markers in this vocabulary."""
+    """Token texts that end a model turn: the eos token plus the end-of-turn markers of this vocabulary's format."""
     vocab = tokenizer.get_vocab()
-    texts = [text for text in END_OF_TURN_TOKENS if text in vocab]
+    known = HARMONY_TURN_ENDS if all(marker in vocab for marker in HARMONY_MARKERS) else END_OF_TURN_TOKENS
+    texts = [text for text in known if text in vocab]
     if tokenizer.eos_token and tokenizer.eos_token not in texts:
         texts.append(tokenizer.eos_token)
     return texts
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids that end a model turn's generation (:func:`end_of_turn_texts`)."""
     return sorted({tokenizer.convert_tokens_to_ids(text) for text in end_of_turn_texts(tokenizer)})

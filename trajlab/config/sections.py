@@ -100,7 +100,8 @@ class RolloutSettings(LimitSettings):
     """With workers: local (start a Ray cluster in this process, its files under the run directory), auto (join the
     cluster `ray start` runs on this machine), or a cluster address."""
     parser: str = "auto"
-    """Tool-call parser: auto, hermes, llama3, response_template."""
+    """Tool-call parser: auto (by the chat template's format), hermes, llama3, mistral, qwen3_xml, harmony,
+    response_template."""
     system_prompt: str | None = None
     """Replaces the env's system prompt; "" means none."""
     prompt_file: str | None = None

@@ -67,9 +67,10 @@ class Completer:
 
     def choice(
         self, index: int, result: GenerationResult, stop_strings: list[str], *, prompt_ids: list[int],
-        parse_tools: bool,
+        parse_tools: bool, tools: list[dict[str, Any]] | None = None,
     ) -> Choice:
-        """Cut one result at its stop token or first stop string; parse tool calls when asked."""
+        """Cut one result at its stop token or first stop string; parse tool calls when asked (``tools``: the
+        request's schemas, which formats that write arguments as text need to type them)."""
         ids = list(result.token_ids)
         # JSON has no infinities: a token the model gave no probability at all is recorded with logprob null.
         logprobs = [lp if lp is None or math.isfinite(lp) else None for lp in result.logprobs]
@@ -86,10 +87,10 @@ class Completer:
         if parse_tools and choice.finish_reason == "stop":  # never act on a call cut short by the token budget
             raw = self._decode(choice.token_ids) if cut is None else choice.text
             prefix = self._decode(prompt_ids[-64:])
-            choice.parsed = self.parser.parse(raw, prefix=prefix)
+            choice.parsed = self.parser.parse(raw, prefix=prefix, tools=tools)
             if choice.parsed.tool_calls and not choice.parsed.errors:
                 choice.finish_reason = "tool_calls"
-                choice.tool_call_ids = [new_tool_call_id() for _ in choice.parsed.tool_calls]
+                choice.tool_call_ids = [call.id or new_tool_call_id() for call in choice.parsed.tool_calls]
         return choice
 
     def token_texts(self, token_ids: list[int]) -> list[str]:

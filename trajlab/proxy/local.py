@@ -114,7 +114,7 @@ class LocalBackend:
                                     req.temperature, req.top_p)
         results = await completer.generate(prompt_ids, params, req.n, messages=messages, tools=tools, seed=req.seed,
                                            images=images)
-        choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools)
+        choices = [completer.choice(i, r, stops, prompt_ids=prompt_ids, parse_tools=parse_tools, tools=tools)
                    for i, r in enumerate(results)]
         self._remember(call.session, messages, tools, prompt_ids, choices)
         response = {

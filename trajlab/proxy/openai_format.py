@@ -285,7 +285,9 @@ class Choice:
 
 
 def new_tool_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+    """A fresh id for a call the model wrote without one: nine alphanumeric characters, the only form Mistral's
+    templates accept when the client sends the call back (OpenAI's clients take any string)."""
+    return uuid.uuid4().hex[:9]
 
 
 def chat_logprobs(choice: Choice, token_texts: list[str], token_bytes: list[bytes]) -> dict[str, Any]:

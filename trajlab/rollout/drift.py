@@ -177,7 +177,8 @@ class _Replay:
         text = decode(ids, skip_special_tokens=False)
         if stored == {"role": "assistant", "content": text} and turn == len(self.assistants):
             return None  # cut by max_new_tokens / max_episode_tokens: kept as text, nothing acted on
-        parsed = self.parser.parse(text, prefix=decode(self.ids[max(0, start - 64):start], skip_special_tokens=False))
+        parsed = self.parser.parse(text, prefix=decode(self.ids[max(0, start - 64):start], skip_special_tokens=False),
+                                   tools=self.trajectory.tools)
         if parsed.errors:
             expected = {"role": "assistant", "content": decode(ids[:-1], skip_special_tokens=False)}
         else:

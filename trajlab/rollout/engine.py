@@ -27,7 +27,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.context import TemplateContext
-from trajlab.chat.parsers import ParsedResponse, ToolCallParser
+from trajlab.chat.parsers import ParsedResponse, ToolCall, ToolCallParser
 from trajlab.chat.template import ChatTemplate, stop_token_ids
 from trajlab.env.base import EnvHandle
 from trajlab.env.content import Content, has_images, tool_content
@@ -205,7 +205,8 @@ class RolloutEngine(EpisodeRunner):
             return "max_new_tokens" if params.max_new_tokens < budget else "max_episode_tokens"
 
         # --- parse ---
-        parsed = self.parser.parse(text, prefix=self.tokenizer.decode(prompt_ids[-64:], skip_special_tokens=False))
+        parsed = self.parser.parse(text, prefix=self.tokenizer.decode(prompt_ids[-64:], skip_special_tokens=False),
+                                   tools=state.tools)
         if parsed.errors:
             # A turn with a malformed call executes none of its calls, and the record keeps what the model
             # wrote (minus the stop token) so the messages still match the tokens.
@@ -251,7 +252,7 @@ class RolloutEngine(EpisodeRunner):
                 state.counters["tool_errors"] += 1
                 state.counters[f"tool_errors/{error}"] += 1
             new_messages.append(
-                {"role": "tool", "tool_call_id": _call_id(turn, index), "name": call.name, "content": content}
+                {"role": "tool", "tool_call_id": call_id(call, turn, index), "name": call.name, "content": content}
             )
         if parsed.errors:
             state.counters["parse_errors"] += len(parsed.errors)
@@ -422,18 +423,39 @@ def _observation(state: _EpisodeState, value: Any) -> Content:
     return state.admit(tool_content(value))
 
 
-def _call_id(turn: int, index: int) -> str:
-    return f"call_{turn}_{index}"
+_ID_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def call_id(call: ToolCall, turn: int, index: int) -> str:
+    """The id of a turn's ``index``-th call: the one the model wrote, else ``c`` + the turn and the index in four
+    base-36 digits each (``c00010002``).
+
+    Nine alphanumeric characters, as Mistral's templates require of every id, and a function of the call's place
+    alone, so a trajectory's messages (and the drift guard's replay of them) render the same ids in every run.
+    """
+    if call.id is not None:
+        return call.id
+    return "c" + _base36(turn) + _base36(index)
+
+
+def _base36(number: int, digits: int = 4) -> str:
+    if not 0 <= number < len(_ID_DIGITS) ** digits:
+        raise ValueError(f"{number} does not fit in {digits} base-36 digits of a tool call id")
+    text = ""
+    for _ in range(digits):
+        number, digit = divmod(number, len(_ID_DIGITS))
+        text = _ID_DIGITS[digit] + text
+    return text
 
 
 def assistant_message(parsed: ParsedResponse, turn: int) -> dict[str, Any]:
     """The message the engine records for a parsed model turn (turn numbers from 0 name its calls)."""
     message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning:
-        message["reasoning_content"] = parsed.reasoning
+        message[parsed.reasoning_field] = parsed.reasoning
     if parsed.tool_calls:
         message["tool_calls"] = [
-            {"id": _call_id(turn, i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {"id": call_id(c, turn, i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for i, c in enumerate(parsed.tool_calls)
         ]
     return message
