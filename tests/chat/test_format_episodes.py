@@ -17,9 +17,8 @@ import pytest
 from tests.chat.test_family_episodes import Dictionary, _chat, check_episode
 from trajlab.chat.context import context_for_run
 from trajlab.chat.parsers import QwenXmlParser, get_parser
-from trajlab.chat.template import ChatTemplate, own_template, resolve_chat_template
+from trajlab.chat.template import ChatTemplate, own_template, resolve_chat, resolve_chat_template
 from trajlab.env.registry import EnvSpec
-from trajlab.inference.policy import chat_of
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.models.families import load_family_tokenizer
 from trajlab.rollout.drift import check_token_drift, find_drift
@@ -47,7 +46,7 @@ def scripted_policy(reasoning: bool, answer_reasoning: bool = True):
 
 def run(family: str, kwargs=None, *, reasoning: bool, answer_reasoning: bool = True):
     tokenizer = load_family_tokenizer(family)
-    template, context = chat_of(tokenizer, kwargs)
+    template, context = resolve_chat(tokenizer, kwargs)
     spec = EnvSpec(name="dictionary", env_cls=Dictionary, system_prompt="You know words.")
     generator = ScriptedGenerator(scripted_policy(reasoning, answer_reasoning), tokenizer, template, context=context)
     parser = get_parser("auto", tokenizer)

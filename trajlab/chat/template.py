@@ -323,7 +323,6 @@ class ChatTemplate:
         cut = max(ends) if ends else len(block)
         return block[:cut], block[cut:]
 
-
     def _rewritten_turn(self, history: list[Message], message: Message, full: str) -> str:
         """The assistant turn at the end of ``full`` when appending it rewrote earlier turns (Mistral moves its system
         prompt off the last user message once a reply follows; gpt-oss drops earlier calls' analysis once an answer
