@@ -59,11 +59,9 @@ def dataset_command(
 def _model_dir(model: Path | None, configured: str | None) -> Path:
     if model is None and configured is None:
         raise usage_error("give --model DIR (or model.path in the config).")
-    path = Path(model or configured)
-    if not path.is_dir():
-        raise FileNotFoundError(2, "no such model directory (give a Hugging Face model directory, e.g. one made by "
-                                "`trajlab model init`)", str(path))
-    return path
+    from trajlab.models.hub import resolve_model_dir
+
+    return resolve_model_dir(model or configured)
 
 
 LORA_RANK = Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "

@@ -41,7 +41,8 @@ def _device_name(name: str) -> str:
 
 class ModelSettings(Section):
     path: str | None = None
-    """A local Hugging Face causal-LM directory; None builds the tiny offline model."""
+    """A Hugging Face causal-LM directory, or a model name (Qwen/Qwen3-1.7B): its snapshot in the Hugging Face cache,
+    downloaded first when it is not there and the network allows. None builds the tiny offline model."""
     init_seed: int = 0
     """Weight seed of the tiny model when ``path`` is None."""
     device: Annotated[str, AfterValidator(_device_name)] = AUTO

@@ -18,8 +18,8 @@ from trajlab.inference.base import Generator, is_server_url
 from trajlab.models.devices import AUTO
 
 PolicyLike = str | Path | Generator | PreTrainedModel
-"""``"oracle"`` (the env's reference policy), a model directory, ``http://host:port/v1[#model]``, a loaded
-transformers model, or any :class:`~trajlab.inference.base.Generator`."""
+"""``"oracle"`` (the env's reference policy), a model directory or a Hugging Face name in the cache,
+``http://host:port/v1[#model]``, a loaded transformers model, or any :class:`~trajlab.inference.base.Generator`."""
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,7 @@ def load_policy(
             return oracle_policy(oracle, tokenizer, vision)
         if is_server_url(spec):
             return _server_policy(spec, tokenizer)
-        if not Path(spec).is_dir():
-            raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
-                            f"(http://host:port/v1[#model]); {spec!r} is none of these.")
+        spec = str(_model_dir(spec))
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
@@ -89,6 +87,17 @@ def load_policy(
     else:
         built = policy
     return Policy(built, loaded, resolve_chat_template(loaded))
+
+
+def _model_dir(spec: str) -> Path:
+    """A policy's model directory: the directory given, or a Hugging Face name's snapshot in the cache."""
+    from trajlab.models.hub import resolve_model_dir
+
+    try:
+        return resolve_model_dir(spec, "the policy")
+    except OSError as exc:
+        raise UserError(f"--policy must be 'oracle', a model directory, a Hugging Face model name or a server URL "
+                        f"(http://host:port/v1[#model]): {exc}") from exc
 
 
 def _processor(path: str) -> Any:

@@ -24,6 +24,7 @@ from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories, task_keys
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
+from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_processor, load_tokenizer
 from trajlab.models.tiny import init_tiny_model
 from trajlab.recipes.arguments import Progress
@@ -107,9 +108,10 @@ def _require_extras(config: PipelineConfig) -> None:
 
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
-    """The config's starting model: ``model.path``, or the tiny model, built in the run directory on first use."""
+    """The config's starting model: ``model.path`` (a directory, or a Hugging Face name: its snapshot in the cache),
+    or the tiny model, built in the run directory on first use."""
     if config.model.path:
-        return Path(config.model.path)
+        return resolve_model_dir(config.model.path)
     base = Path(config.run_dir) / "model"
     if not (base / "config.json").exists():
         init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
