@@ -39,6 +39,21 @@ def _device_name(name: str) -> str:
     return name
 
 
+class VLLMSettings(Section):
+    """Engine arguments of the vllm backend (``vllm.LLM``), read only with ``backend: vllm``."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Share of the GPU's memory the engine takes for weights, activations and its KV cache (None: vLLM's own, 0.9).
+    In RL the trainer's weights, gradients and optimizer state are on the same GPU when the engine starts: leave
+    them room (e.g. 0.3-0.5)."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt plus completion the engine serves (None: the model's context); a shorter one needs less KV
+    cache memory. Keep it at least rollout.max_episode_tokens."""
+    enforce_eager: bool = True
+    """Run the model eagerly (True) or capture CUDA graphs (False: faster decoding, a slower start and more memory).
+    Eager is what trajlab has tested weight reloads after every RL update with."""
+
+
 class ModelSettings(Section):
     path: str | None = None
     """A Hugging Face causal-LM directory, or a model name (Qwen/Qwen3-1.7B): its snapshot in the Hugging Face cache,
@@ -54,6 +69,14 @@ class ModelSettings(Section):
     backend: Literal["hf", "vllm"] = "hf"
     """Generation backend for a model directory: hf (transformers) or vllm (an in-process vLLM engine; needs the
     vllm extra). In RL, vllm samples the rollouts and gets the trainer's weights after every optimizer step."""
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    """The vllm backend's engine arguments (memory share, context length, eager or CUDA graphs)."""
+
+    def engine_args(self) -> dict[str, Any]:
+        """The keyword arguments this section gives ``vllm.LLM``: the vllm settings that are set, and the dtype
+        unless it is auto (the engine then loads the checkpoint's own)."""
+        args = self.vllm.model_dump(exclude_none=True)
+        return args if self.dtype == AUTO else args | {"dtype": self.dtype}
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:

@@ -43,6 +43,7 @@ def load_policy(
     tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
     oracle: Any = None,
     vision: bool = False,
+    engine_args: dict[str, Any] | None = None,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -57,6 +58,8 @@ def load_policy(
         backend: what generates for a model directory: ``"hf"`` (transformers) or ``"vllm"`` (an in-process vLLM
             engine); the oracle, a server, a loaded model and a Generator bring their own.
         vision: the env shows images: the oracle's default tokenizer is then the tiny vision-language model's.
+        engine_args: the vllm backend's ``vllm.LLM`` arguments (``ModelSettings.engine_args``: the dtype unless
+            auto, memory share, context length, eager); None: the checkpoint's dtype and the engine's defaults.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -75,7 +78,7 @@ def load_policy(
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
-                                     max_batch_size=max_batch_size)
+                                     max_batch_size=max_batch_size, engine_args=engine_args)
         return Policy(generator, loaded, resolve_chat_template(loaded), processor)
     if tokenizer is None:
         raise UserError(f"a {type(policy).__name__} policy needs tokenizer=: the tokenizer (or its directory) its "
@@ -108,14 +111,15 @@ def _processor(path: str) -> Any:
 
 
 def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, processor: Any, *, backend: str, device: str,
-                     dtype: str, max_batch_size: int) -> Generator:
-    """The generator of a model directory on the chosen backend (vLLM places the model on its own platform; a dtype
-    other than auto is passed on)."""
+                     dtype: str, max_batch_size: int, engine_args: dict[str, Any] | None) -> Generator:
+    """The generator of a model directory on the chosen backend (vLLM places the model on its own platform and gets
+    ``engine_args``, else a dtype other than auto)."""
     if backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
 
-        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path,
-                             engine_args=None if dtype == AUTO else {"dtype": dtype})
+        if engine_args is None:
+            engine_args = None if dtype == AUTO else {"dtype": dtype}
+        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path, engine_args=engine_args)
     if backend != "hf":
         raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
     from trajlab.inference.hf import HFGenerator

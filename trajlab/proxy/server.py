@@ -13,7 +13,6 @@ from trajlab.chat.template import resolve_chat_template
 from trajlab.config import ModelSettings, ServeSettings
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
-from trajlab.models.devices import AUTO
 from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_model, load_processor, load_tokenizer
 from trajlab.proxy.local import create_app
@@ -68,7 +67,7 @@ def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrained
         from trajlab.inference.vllm import VLLMGenerator
 
         generator = VLLMGenerator(model.path, max_batch_size=serve.max_batch_size, name=name,
-                                  engine_args=None if model.dtype == AUTO else {"dtype": model.dtype})
+                                  engine_args=model.engine_args())
         return generator, AutoConfig.from_pretrained(model.path, local_files_only=True)
     loaded = load_model(model.path, device=model.device, dtype=model.dtype)
     return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name,

@@ -84,7 +84,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
             with progress(f"eval ({label})") as on_progress:
                 reports.append(evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                             rollout=config.rollout, rewards=config.rl.rewards, label=label,
-                                            **_placement(config), backend=config.model.backend,
+                                            **_placement(config), backend=config.model.backend, vllm=config.model.vllm,
                                             report_to=config.report_to, on_progress=on_progress,
                                             **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
@@ -133,7 +133,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     else:
         summary = evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
                              log=lambda message: log(f"evolve: {message}"), backend=config.model.backend,
-                             **_placement(config),
+                             vllm=config.model.vllm, **_placement(config),
                              report_to=config.report_to, **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
@@ -187,5 +187,5 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
     if demonstrated:
         log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
     return rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
-                  skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())
+                  backend=config.model.backend, vllm=config.model.vllm, report_to=config.report_to,
+                  curriculum=config.curriculum, skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())

@@ -23,13 +23,12 @@ from transformers import PreTrainedModel
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat_template
 from trajlab.collection.engines import resolve_prompts, rollout_engine
-from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings
+from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings, VLLMSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import Policy
-from trajlab.models.devices import AUTO
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
 from trajlab.rollout.runner import EpisodeRunner
@@ -53,6 +52,7 @@ def rl(
     seed: int | None = None,
     resume: bool = False,
     backend: str | None = None,
+    vllm: VLLMSettings | dict | None = None,
     sampler: Generator | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     device: str | None = None,
@@ -76,6 +76,7 @@ def rl(
         report_to: experiment trackers that also get each step's metrics (:mod:`trajlab.tracking`).
         device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
             loaded in (``ModelSettings``; None: its default).
+        vllm: the vllm backend's engine arguments (``VLLMSettings``).
         curriculum: train stage after stage instead (``CurriculumSettings``: ``{"stages": [...]}``); a stage
             without an env of its own uses ``env``.
         skip_tasks: ``(env, task_id)`` keys of train tasks RL does not draw: those SFT's demonstrations came from,
@@ -84,7 +85,7 @@ def rl(
         Other arguments: as for :func:`trajlab.collect`.
     """
     require_trackers(report_to)  # before any model is loaded
-    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend)
+    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend, vllm)
     rollout, seed = settings_of(RolloutSettings, rollout), run_seed(seed)
     tokenizer, processor = tokenizer_of(model, tokenizer), processor_of(model, processor)
     run_env = as_env(env)
@@ -195,8 +196,7 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
-    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency,
-                         engine_args=None if placed.dtype == AUTO else {"dtype": placed.dtype})
+    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency, engine_args=placed.engine_args())
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,
