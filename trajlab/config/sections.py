@@ -183,6 +183,11 @@ class TrainingSettings(Section):
     dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
+    master_weights: bool = True
+    """A model trained in bfloat16 (model.dtype, or auto for a bfloat16 checkpoint on a GPU) keeps a float32 copy
+    of its weights and float32 AdamW moments, and its bfloat16 weights are rounded from the copy after every step:
+    stepped in place, bfloat16 weights drop every update under half their precision step, which at 1e-6 is nearly
+    all of them. False: AdamW on the bfloat16 weights (6 bytes per parameter less). A float32 model is unaffected."""
 
 
 class SFTSettings(TrainingSettings):

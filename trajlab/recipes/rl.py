@@ -35,6 +35,7 @@ from trajlab.rollout.runner import EpisodeRunner
 from trajlab.tracking import require_trackers
 from trajlab.train.curriculum import Curriculum, build_stages
 from trajlab.train.lora import lora_config
+from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
@@ -173,7 +174,8 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
     reference = None
     if settings.kl_coef > 0 and not settings.lora:
         reference = frozen_copy(model, device=where, dtype=policy.dtype)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
+    optimizer = adamw([p for p in policy.parameters() if p.requires_grad], master_weights=settings.master_weights,
+                      lr=settings.learning_rate)
     policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, rl_scheduler(optimizer, settings))
     if reference is not None:
         reference.to(accelerator.device)
