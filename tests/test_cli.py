@@ -79,7 +79,7 @@ def test_collect_with_the_untrained_model_records_failures_honestly(tmp_path, ti
     ("args", "message"),
     [
         (["--env", "arithmetik", "--policy", "oracle"], "Did you mean 'arithmetic'"),
-        (["--env", "arithmetic", "--policy", "/no/such/model"], "none of these"),
+        (["--env", "arithmetic", "--policy", "/no/such/model"], "'/no/such/model' does not exist"),
         (["--env", "arithmetic", "--policy", "oracle", "--split", "dev"], "splits ['train', 'test']"),
     ],
 )
@@ -108,7 +108,8 @@ def test_evolve_says_what_is_wrong(tmp_path, tiny_model_dir):
         assert result.exit_code == code
         return " ".join((result.stdout + result.stderr).split())
 
-    assert "'nowhere' is none of these" in error("--env", "arithmetic", "--policy", "nowhere", "--out", tmp_path)
+    assert "cannot load the policy: 'nowhere' does not exist" in error("--env", "arithmetic", "--policy", "nowhere",
+                                                                       "--out", tmp_path)
     assert "give --env, or a --config" in error("--policy", tiny_model_dir)
     assert "runs one env" in error("--env", "arithmetic,wordle", "--policy", tiny_model_dir, code=2)
     assert "evolve.max_metric_cals: unknown key (did you mean 'max_metric_calls'?)" in error(

@@ -27,7 +27,8 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                         "No module named 'my_pkg'. An import path names a module importable here"),
     "no env": (["collect", "--policy", "oracle", *OUT], "no env: give --env"),
     "missing model directory": (["collect", "--env", "arithmetic", "--policy", "{T}/no-model", *OUT],
-                                "'{T}/no-model' is none of these"),
+                                "a Hugging Face model name or a server URL (http://host:port/v1[#model]): cannot "
+                                "load the policy: '{T}/no-model' does not exist"),
     "missing tasks file": (["collect", *ORACLE, "--tasks", "{T}/missing.jsonl"],
                            "{T}/missing.jsonl: no such tasks file"),
     "unreadable tasks": (["collect", *ORACLE, "--tasks", "{T}/bad_tasks.jsonl"],
@@ -50,9 +51,9 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
     "sft from a missing file": (["sft", "--model", "{M}", "--from", "{T}/missing.jsonl", "--out", "{T}/sft"],
                                 "{T}/missing.jsonl: no such trajectory file"),
     "sft on a missing model": (["sft", "--model", "{T}/no-model", "--data", "{T}/ds", "--out", "{T}/sft"],
-                               "{T}/no-model: no such model directory"),
+                               "cannot load model: '{T}/no-model' does not exist"),
     "rl on a missing model": (["rl", "--env", "arithmetic", "--model", "{T}/no-model", "--out", "{T}/rl"],
-                              "{T}/no-model: no such model directory"),
+                              "cannot load model: '{T}/no-model' does not exist"),
     "dataset from a missing file": (["dataset", "--kind", "sft", "--from", "{T}/missing.jsonl", "--out", "{T}/d.jsonl"],
                                     "{T}/missing.jsonl: no such trajectory file"),
     "dataset from a file that is not trajectories": (

@@ -80,6 +80,23 @@ def test_model_device_and_dtype_are_validated():
         load_config(None, {"model": {"dtype": "fp16"}})
 
 
+def test_model_vllm_engine_arguments_are_validated():
+    config = load_config(None, {"model": {"vllm": {"gpu_memory_utilization": 0.4, "max_model_len": 16384},
+                                          "dtype": "bfloat16"}})
+    assert config.model.engine_args() == {"gpu_memory_utilization": 0.4, "max_model_len": 16384,
+                                          "enforce_eager": True, "dtype": "bfloat16"}
+    assert load_config(None).model.engine_args() == {"enforce_eager": True}, "eager and the checkpoint's dtype"
+    assert load_config(None, {"model": {"vllm": {"gpu_memory_utilization": 1}}}).model.vllm.gpu_memory_utilization == 1
+    for share in (0, 1.5, -0.2):
+        with pytest.raises(ConfigError, match=r"model\.vllm\.gpu_memory_utilization: Input should be (greater|less)"):
+            load_config(None, {"model": {"vllm": {"gpu_memory_utilization": share}}})
+    with pytest.raises(ConfigError, match=r"model\.vllm\.max_model_len: Input should be greater than or equal to 1"):
+        load_config(None, {"model": {"vllm": {"max_model_len": 0}}})
+    with pytest.raises(ConfigError, match=r"model\.vllm\.gpu_memory: unknown key \(did you mean "
+                                          r"'gpu_memory_utilization'\?\)"):
+        load_config(None, {"model": {"vllm": {"gpu_memory": 0.5}}})
+
+
 def test_the_serve_section_is_shown_and_its_unknown_keys_are_errors(tmp_path):
     config = load_config(None, {"serve": {"port": 9000, "max_context": 2048}})
     assert (config.serve.port, config.serve.max_context, config.serve.max_body_bytes) == (9000, 2048, 4 << 20)

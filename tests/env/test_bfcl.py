@@ -23,7 +23,14 @@ from trajlab.env.builtin.bfcl import (
     replay,
     split_of_index,
 )
-from trajlab.env.builtin.bfcl_data import CATEGORIES, Call, entries, ground_truth_calls, held_out_functions, load_entry
+from trajlab.env.builtin.bfcl_data import (
+    CATEGORIES,
+    Call,
+    entries,
+    ground_truth_calls,
+    held_out_functions,
+    load_entry,
+)
 from trajlab.inference.scripted import ScriptedGenerator
 from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.runner import Episode
@@ -238,10 +245,29 @@ def test_oracle_solves_a_sample_through_the_rollout_engine(tiny_tokenizer, tiny_
         assert offered == callable_at(entry, 0)
 
 
-def run(tasks, tokenizer, template, max_turns=64):
+def test_the_one_call_reference_plays_the_same_calls_through_llama_3_2s_template():
+    """Llama 3.2's template raises on a message with more than one call: the one_call_at_a_time reference plays the
+    ground truth a call per message, through the real template and tokenizer, and solves what fits BFCL's 20 steps
+    per user turn."""
+    from trajlab.chat.template import resolve_chat_template
+    from trajlab.models.families import load_family_tokenizer
+
+    tokenizer = load_family_tokenizer("llama3.2")
+    tasks = [t for category in CATEGORIES for t in
+             itertools.islice((t for t in SPEC.iter_tasks("test", seed=0) if t["category"] == category), 2)]
+    results = run(tasks, tokenizer, resolve_chat_template(tokenizer), oracle=SPEC.references["one_call_at_a_time"])
+    for trajectory in results:
+        longest = max(map(len, ground_truth_calls(trajectory.task["task_id"])))
+        assert all(len(m.get("tool_calls") or []) <= 1 for m in trajectory.messages if m["role"] == "assistant")
+        assert trajectory.metrics["tool_calls"] == sum(map(len, ground_truth_calls(trajectory.task["task_id"])))
+        if longest < MAXIMUM_STEP_LIMIT:
+            assert trajectory.status == "success" and trajectory.reward == 1.0, (trajectory.id, trajectory.error)
+
+
+def run(tasks, tokenizer, template, max_turns=64, oracle=SPEC.oracle):
     """The reference policy through the rollout engine, with limits BFCL episodes need (up to 8 user turns, long
     tool outputs in long_context, up to 34 calls in one message)."""
-    engine = RolloutEngine(SPEC, ScriptedGenerator(SPEC.oracle, tokenizer, template), tokenizer,
+    engine = RolloutEngine(SPEC, ScriptedGenerator(oracle, tokenizer, template), tokenizer,
                            chat_template=template, parser=get_parser("auto", tokenizer),
                            limits=dict(max_turns=max_turns, max_episode_tokens=200_000, max_new_tokens=4096), seed=0)
     return asyncio.run(engine.run([Episode(t["task_id"], t) for t in tasks], concurrency=4, retries=0,

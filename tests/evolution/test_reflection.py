@@ -29,5 +29,6 @@ def test_a_server_reflects_through_chat_completions(tiny_model_dir, tiny_tokeniz
 
 
 def test_a_bad_reflection_spec_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="model directory or a server URL"):
+    with pytest.raises(ValueError, match="a model directory, a Hugging Face model name or a server URL .*: cannot "
+                                         "load the reflection LM: '.*/missing' does not exist"):
         load_reflection_lm(str(tmp_path / "missing"), settings=SHORT, model=ModelSettings())

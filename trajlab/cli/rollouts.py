@@ -61,7 +61,8 @@ def collect_command(
         trajectories = trajlab.collect(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                                        seed=settings.seed, rollout=settings.rollout, on_progress=on_progress,
                                        device=settings.model.device, dtype=settings.model.dtype,
-                                       backend=settings.model.backend, **settings.collect.model_dump())
+                                       backend=settings.model.backend, vllm=settings.model.vllm,
+                                       **settings.collect.model_dump())
     report = evaluate_trajectories(trajectories)
     table = Table(title=f"{out}", show_header=False)
     table.add_row("episodes", str(report.episodes))
@@ -121,8 +122,8 @@ def eval_command(
         report = trajlab.evaluate(settings.env_spec(), policy, out=out, tasks=tasks, tokenizer=tokenizer,
                                   rollout=settings.rollout, label=label, on_progress=on_progress,
                                   device=settings.model.device, dtype=settings.model.dtype,
-                                  backend=settings.model.backend, report_to=settings.report_to,
-                                  **settings.eval.model_dump())
+                                  backend=settings.model.backend, vllm=settings.model.vllm,
+                                  report_to=settings.report_to, **settings.eval.model_dump())
     console.print(report_table(report, max_tasks=max_tasks))
     console.print(f"Wrote {out / 'trajectories.jsonl'} and {out / 'eval.json'}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -12,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trajlab.cli.common import Sets, console, load, setting
+from trajlab.cli.common import Sets, console, load, setting, usage_error
 
 model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
@@ -71,27 +72,58 @@ def model_init(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing model directory.")] = False,
     vision: Annotated[bool, typer.Option(help="Build the tiny vision-language model (Gemma 3 architecture, with "
                                               "its image processor) instead of the text one.")] = False,
+    arch: Annotated[str | None, typer.Option(help="Build a random twin of a public model instead: its real "
+                                                  "configuration and tokenizer (qwen3-0.6b, qwen3-1.7b, "
+                                                  "qwen2.5-0.5b, llama-3.2-1b).")] = None,
+    layers: Annotated[int | None, typer.Option(min=1, help="With --arch: decoder layers (default: the real "
+                                                           "model's depth).")] = None,
 ) -> None:
     """Build the tiny offline default model (Qwen3 architecture + byte-level BPE tokenizer) in seconds; with --vision,
-    the tiny vision-language model (Gemma 3 architecture, its processor and the same tokenizer plus image tokens)."""
-    from trajlab.models.loading import load_model
-    from trajlab.models.tiny import init_tiny_model
-
+    the tiny vision-language model (Gemma 3 architecture, its processor and the same tokenizer plus image tokens);
+    with --arch, a randomly initialised model of a public model's real configuration with its real tokenizer."""
+    if arch is not None and vision:
+        raise usage_error("--arch builds a text model; --vision the tiny vision-language one: give one.")
+    if layers is not None and arch is None:
+        raise usage_error("--layers sets the depth of an --arch model; give --arch too.")
     seed = load(None, None, {"model.init_seed": seed}).model.init_seed
     started = time.perf_counter()
     try:
-        if vision:
-            from trajlab.models.tiny_vision import init_tiny_vision_model
-
-            path = init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite)
-        else:
-            path = init_tiny_model(out_dir, seed=seed, overwrite=overwrite)
+        path, kind = _init_model(out_dir, seed=seed, overwrite=overwrite, vision=vision, arch=arch, layers=layers)
     except FileExistsError as exc:
         raise ValueError(str(exc)) from exc
-    params = sum(p.numel() for p in load_model(path, device="cpu").parameters())
     elapsed = time.perf_counter() - started
-    kind = "tiny vision-language model" if vision else "tiny model"
-    console.print(f"Wrote {kind} ({params / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
+    console.print(f"Wrote {kind} ({_parameters(path) / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
+
+
+def _init_model(out_dir: Path, *, seed: int, overwrite: bool, vision: bool, arch: str | None,
+                layers: int | None) -> tuple[Path, str]:
+    """The model directory written, and what it holds in words."""
+    if arch is not None:
+        from trajlab.models.archs import arch_config, init_arch_model
+
+        depth = arch_config(arch, layers).num_hidden_layers  # an unknown name fails here, before anything is written
+        return (init_arch_model(arch, out_dir, layers=layers, seed=seed, overwrite=overwrite),
+                f"{arch} twin, {depth} layers, random weights")
+    if vision:
+        from trajlab.models.tiny_vision import init_tiny_vision_model
+
+        return init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite), "tiny vision-language model"
+    from trajlab.models.tiny import init_tiny_model
+
+    return init_tiny_model(out_dir, seed=seed, overwrite=overwrite), "tiny model"
+
+
+def _parameters(path: Path) -> int:
+    """Parameters saved in a model directory, read from the safetensors headers (a real-depth twin is not loaded
+    again just to be counted); tied weights are saved, and counted, once."""
+    from safetensors import safe_open
+
+    total = 0
+    for shard in path.glob("*.safetensors"):
+        with safe_open(shard, framework="pt") as tensors:
+            names = tensors.keys()  # a safe_open handle is not iterable
+            total += sum(math.prod(tensors.get_slice(name).get_shape()) for name in names)
+    return total
 
 
 @config_app.command("show")

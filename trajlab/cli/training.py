@@ -59,11 +59,9 @@ def dataset_command(
 def _model_dir(model: Path | None, configured: str | None) -> Path:
     if model is None and configured is None:
         raise usage_error("give --model DIR (or model.path in the config).")
-    path = Path(model or configured)
-    if not path.is_dir():
-        raise FileNotFoundError(2, "no such model directory (give a Hugging Face model directory, e.g. one made by "
-                                "`trajlab model init`)", str(path))
-    return path
+    from trajlab.models.hub import resolve_model_dir
+
+    return resolve_model_dir(model or configured)
 
 
 LORA_RANK = Annotated[int | None, typer.Option(min=1, help="Train a LoRA adapter of this rank, merged at the end "
@@ -134,8 +132,8 @@ def rl_command(
     skipped = task_keys(skip_tasks_of) if skip_tasks_of else frozenset()
     final = trajlab.rl(path, settings.env_spec(), out, rollout=settings.rollout, seed=settings.seed, resume=resume,
                        on_step=show, device=settings.model.device, dtype=settings.model.dtype,
-                       backend=settings.model.backend, report_to=settings.report_to, curriculum=settings.curriculum,
-                       skip_tasks=skipped, **settings.rl.model_dump())
+                       backend=settings.model.backend, vllm=settings.model.vllm, report_to=settings.report_to,
+                       curriculum=settings.curriculum, skip_tasks=skipped, **settings.rl.model_dump())
     console.print(f"RL done: {final} (metrics in {out / 'metrics.jsonl'})")
 
 
@@ -167,7 +165,7 @@ def evolve_command(
     out = out or Path(settings.run_dir) / "evolve"
     summary = trajlab.evolve(spec, policy or str(resolve_model(settings)), out, tokenizer=tokenizer,
                              rollout=settings.rollout, seed=settings.seed, log=say, device=settings.model.device,
-                             dtype=settings.model.dtype, backend=settings.model.backend,
+                             dtype=settings.model.dtype, backend=settings.model.backend, vllm=settings.model.vllm,
                              report_to=settings.report_to, **settings.evolve.model_dump())
     console.print(f"{summary['candidates']} candidates, {summary['rollouts']} rollouts "
                   f"({summary['rollouts_this_run']} this run) for {summary['metric_calls']} metric calls; "

@@ -26,11 +26,12 @@ from trajlab.config.sections import (
     ServeSettings,
     SFTSettings,
     TrainingSettings,
+    VLLMSettings,
 )
 
 __all__ = [
     "CollectSettings", "ConfigError", "CurriculumSettings", "DatasetSettings", "EvalSettings", "EvolveSettings",
     "LimitSettings", "LoraSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
     "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TrainingSettings",
-    "describe_errors", "load_config",
+    "VLLMSettings", "describe_errors", "load_config",
 ]

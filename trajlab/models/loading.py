@@ -1,5 +1,6 @@
-"""Loading any local Hugging Face causal LM or vision-language model, its tokenizer and its processor, on the device
-and in the dtype ``model.device`` / ``model.dtype`` name (:mod:`trajlab.models.devices`)."""
+"""Loading any Hugging Face causal LM or vision-language model (a local directory, or a name in the Hugging Face
+cache: :mod:`trajlab.models.hub`), its tokenizer and its processor, on the device and in the dtype ``model.device`` /
+``model.dtype`` name (:mod:`trajlab.models.devices`)."""
 
 from __future__ import annotations
 
@@ -25,24 +26,19 @@ from transformers import (
 from trl.chat_template_utils import add_response_schema
 
 from trajlab.models.devices import AUTO, resolve_device, resolve_dtype
+from trajlab.models.hub import resolve_model_dir
 from trajlab.models.tiny import TINY_CHAT_TEMPLATE, TINY_RESPONSE_TEMPLATE
 
 
 def _require_local(name_or_path: str | Path, what: str) -> str:
-    """Fail early, naming the path, instead of letting transformers report a hub lookup that cannot happen here."""
-    path = Path(name_or_path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"cannot load {what}: {str(name_or_path)!r} does not exist. trajlab loads models from local directories "
-            "only (no model hub); build the offline default with `trajlab model init <dir>`."
-        )
-    if not path.is_dir():
-        raise NotADirectoryError(f"cannot load {what}: {path} is a file, not a model directory")
-    return str(path)
+    """The local directory to load from: a directory, or a Hugging Face name's snapshot in the Hugging Face cache
+    (:func:`~trajlab.models.hub.resolve_model_dir`); fails early, naming what was given and how to fix it."""
+    return str(resolve_model_dir(name_or_path, what))
 
 
 def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
-    """Load a tokenizer from a local directory, ready for chat rendering and tool-call parsing.
+    """Load a tokenizer (a model directory or a cached Hugging Face name), ready for chat rendering and tool-call
+    parsing.
 
     A missing `response_template` is filled in for the tiny template and for templates TRL knows (Qwen, Llama 3.1,
     ...); for other templates the tokenizer is returned without one and tool calls cannot be parsed by it.
@@ -85,8 +81,8 @@ def _forward_parameters(model_type: type) -> frozenset[str]:
 
 
 def saved_dtype(name_or_path: str | Path) -> torch.dtype | None:
-    """The dtype a local model directory's weights were saved in (its config.json), None when it does not say."""
-    return _config_dtype(AutoConfig.from_pretrained(name_or_path, local_files_only=True))
+    """The dtype a model directory's weights were saved in (its config.json), None when it does not say."""
+    return _config_dtype(AutoConfig.from_pretrained(_require_local(name_or_path, "model"), local_files_only=True))
 
 
 def _config_dtype(config: PreTrainedConfig) -> torch.dtype | None:
@@ -112,8 +108,9 @@ def is_vision_language(config: PreTrainedConfig) -> bool:
 def load_model(
     name_or_path: str | Path, *, device: str | torch.device = AUTO, dtype: str | torch.dtype = AUTO
 ) -> PreTrainedModel:
-    """Load any local Hugging Face causal LM or vision-language model in eval mode on ``device`` in ``dtype`` (see
-    :func:`resolve_device`, :func:`resolve_dtype`: by default the GPU when there is one, else the CPU in float32).
+    """Load any Hugging Face causal LM or vision-language model (a directory or a cached name) in eval mode on
+    ``device`` in ``dtype`` (see :func:`resolve_device`, :func:`resolve_dtype`: by default the GPU when there is one,
+    else the CPU in float32).
 
     A vision-language config loads through ``AutoModelForImageTextToText``, so the model takes ``pixel_values``
     (its processor: :func:`load_processor`); every other config through ``AutoModelForCausalLM``.

@@ -13,7 +13,7 @@ from trajlab.chat.template import resolve_chat
 from trajlab.config import ModelSettings, ServeSettings
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
-from trajlab.models.devices import AUTO
+from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_model, load_processor, load_tokenizer
 from trajlab.proxy.local import create_app
 from trajlab.proxy.recording import SessionRecorder
@@ -45,10 +45,12 @@ def build_app(serve: ServeSettings, model: ModelSettings, parser: str) -> FastAP
     if model.path is None:
         raise ValueError("nothing to serve: give --model DIR (model.path) to serve a model directory, or --upstream "
                          "URL (serve.upstream) to forward to a server")
+    given = model.path  # a directory, or a Hugging Face name: clients then call the model by that name
+    name = serve.served_model_name or (Path(given).resolve().name if Path(given).is_dir() else given)
+    model = model.model_copy(update={"path": str(resolve_model_dir(given))})
     tokenizer = load_tokenizer(model.path)
     template, context = resolve_chat(tokenizer, model.chat_template_kwargs)
     tool_parser = get_parser(parser, tokenizer)
-    name = serve.served_model_name or Path(model.path).resolve().name
     processor = load_processor(model.path) if model.backend == "hf" else None  # vllm gets no images from us
     generator, model_config = _generator(serve, model, tokenizer, name, processor)
     text_config = model_config.get_text_config()  # a vision-language model's context is its text model's
@@ -64,7 +66,7 @@ def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrained
         from trajlab.inference.vllm import VLLMGenerator
 
         generator = VLLMGenerator(model.path, max_batch_size=serve.max_batch_size, name=name,
-                                  engine_args=None if model.dtype == AUTO else {"dtype": model.dtype})
+                                  engine_args=model.engine_args())
         return generator, AutoConfig.from_pretrained(model.path, local_files_only=True)
     loaded = load_model(model.path, device=model.device, dtype=model.dtype)
     return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name,

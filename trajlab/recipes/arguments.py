@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from trajlab.config import ModelSettings, PipelineConfig, describe_errors
+from trajlab.config import ModelSettings, PipelineConfig, VLLMSettings, describe_errors
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
@@ -41,9 +41,11 @@ def settings_of(model: type[S], given: S | Mapping[str, Any] | None) -> S:
         raise UserError(f"invalid {model.__name__}: {describe_errors(exc, model)}") from exc
 
 
-def model_settings(device: str | None, dtype: str | None, backend: str | None) -> ModelSettings:
-    """``device``, ``dtype`` and ``backend`` validated as the config's ``model`` section; None: its default."""
-    given = {"device": device, "dtype": dtype, "backend": backend}
+def model_settings(device: str | None, dtype: str | None, backend: str | None,
+                   vllm: VLLMSettings | dict | None = None) -> ModelSettings:
+    """``device``, ``dtype``, ``backend`` and ``vllm`` (engine arguments) validated as the config's ``model``
+    section; None: its default."""
+    given = {"device": device, "dtype": dtype, "backend": backend, "vllm": vllm}
     return settings_of(ModelSettings, {name: value for name, value in given.items() if value is not None})
 
 

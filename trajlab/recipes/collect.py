@@ -15,7 +15,7 @@ from trajlab.collection.demonstrators import demonstrator
 from trajlab.collection.engines import build_runner, resolve_prompts
 from trajlab.collection.plan import TaskRows, episode_tag, plan_episodes, read_planned
 from trajlab.collection.run import RunOutcome, run_missing
-from trajlab.config import CollectSettings, ModelSettings, RolloutSettings
+from trajlab.config import CollectSettings, ModelSettings, RolloutSettings, VLLMSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.inference.policy import Policy, PolicyLike
@@ -41,6 +41,7 @@ def collect(
     seed: int | None = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     backend: str | None = None,
+    vllm: VLLMSettings | dict | None = None,
     on_progress: Progress | None = None,
     device: str | None = None,
     dtype: str | None = None,
@@ -61,6 +62,7 @@ def collect(
         rollout: rollout settings (limits, concurrency, parser, prompts); see ``RolloutSettings``.
         backend, device, dtype: what generates for a model directory, where and in what dtype (``ModelSettings``;
             None: its default).
+        vllm: the vllm backend's engine arguments (``VLLMSettings``: memory share, context length, eager).
         on_progress: called as episodes finish.
         **settings: ``CollectSettings`` fields: ``episodes``, ``split``, ``samples_per_task``, ``temperature``,
             ``reference`` and ``reference_noise`` (with the ``"oracle"`` policy: imperfect demonstrations, from one
@@ -72,8 +74,8 @@ def collect(
             as_env(env), policy, path, split=chosen.split, seed=run_seed(seed), episodes=chosen.episodes,
             samples_per_task=chosen.samples_per_task, tasks=tasks, temperature=chosen.temperature,
             tokenizer=tokenizer, rollout=settings_of(RolloutSettings, rollout),
-            model=model_settings(device, dtype, backend), reference=chosen.reference, noise=chosen.reference_noise,
-            on_progress=on_progress)
+            model=model_settings(device, dtype, backend, vllm), reference=chosen.reference,
+            noise=chosen.reference_noise, on_progress=on_progress)
         return trajectories
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.collection.plan import TaskRows
-from trajlab.config import EvalSettings, RolloutSettings
+from trajlab.config import EvalSettings, RolloutSettings, VLLMSettings
 from trajlab.env.registry import read_tasks_file
 from trajlab.errors import UserError
 from trajlab.evaluation import EvalReport, evaluate_trajectories, save_report
@@ -31,6 +31,7 @@ def evaluate(
     rewards: Mapping[str, float] | None = None,
     label: str | None = None,
     backend: str | None = None,
+    vllm: VLLMSettings | dict | None = None,
     on_progress: Progress | None = None,
     device: str | None = None,
     dtype: str | None = None,
@@ -63,7 +64,7 @@ def evaluate(
             as_env(env), policy, run_dir / "trajectories.jsonl", split=chosen.split, seed=chosen.seed,
             episodes=chosen.num_tasks * chosen.samples_per_task, samples_per_task=chosen.samples_per_task,
             tasks=tasks, temperature=chosen.temperature, tokenizer=tokenizer,
-            rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend),
+            rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend, vllm),
             reference=None, noise=0.0, on_progress=on_progress)
         if rewards is not None:
             for trajectory in trajectories:  # every reward component logged alongside success

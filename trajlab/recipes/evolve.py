@@ -15,7 +15,7 @@ from typing import Any
 
 from trajlab.collection.demonstrators import is_oracle
 from trajlab.collection.engines import build_runner, resolve_prompts
-from trajlab.config import EvolveSettings, RolloutSettings
+from trajlab.config import EvolveSettings, RolloutSettings, VLLMSettings
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import require
 from trajlab.inference.policy import Policy, PolicyLike
@@ -32,6 +32,7 @@ def evolve(
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    vllm: VLLMSettings | dict | None = None,
     log: Callable[[str], None] | None = None,
     device: str | None = None,
     dtype: str | None = None,
@@ -45,7 +46,7 @@ def evolve(
 
     Args:
         device, dtype: where a model-directory policy and a local reflection model are loaded, in what dtype
-            (``ModelSettings``).
+            (``ModelSettings``); vllm: the vllm backend's engine arguments (``VLLMSettings``).
         report_to: experiment trackers that get each candidate's validation score and the best so far, at the
             metric calls where it was found (``evolve/...``).
         **settings: ``EvolveSettings`` fields (``reflection``, ``max_metric_calls``, ``train_tasks``...).
@@ -58,7 +59,8 @@ def evolve(
     from trajlab.evolution.search import evolve_curve, rollouts_path, run_evolve
 
     require_trackers(report_to)
-    chosen, model, seed = settings_of(EvolveSettings, settings), model_settings(device, dtype, backend), run_seed(seed)
+    chosen, model = settings_of(EvolveSettings, settings), model_settings(device, dtype, backend, vllm)
+    seed = run_seed(seed)
     spec, rollout = resolve_prompts(as_env(env), settings_of(RolloutSettings, rollout))
     if not isinstance(spec, EnvSpec):
         raise ValueError("trajlab evolve runs one env; pass a single env.")

@@ -24,6 +24,7 @@ from trajlab.data.datasets import save_dataset, sft_dataset
 from trajlab.data.store import read_trajectories, task_keys
 from trajlab.errors import require
 from trajlab.evaluation import EvalReport
+from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_processor, load_tokenizer
 from trajlab.models.tiny import init_tiny_model
 from trajlab.recipes.arguments import Progress
@@ -83,7 +84,7 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
             with progress(f"eval ({label})") as on_progress:
                 reports.append(evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
                                             rollout=config.rollout, rewards=config.rl.rewards, label=label,
-                                            **_placement(config), backend=config.model.backend,
+                                            **_placement(config), backend=config.model.backend, vllm=config.model.vllm,
                                             report_to=config.report_to, on_progress=on_progress,
                                             **config.eval.model_dump()))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
@@ -107,9 +108,10 @@ def _require_extras(config: PipelineConfig) -> None:
 
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
-    """The config's starting model: ``model.path``, or the tiny model, built in the run directory on first use."""
+    """The config's starting model: ``model.path`` (a directory, or a Hugging Face name: its snapshot in the cache),
+    or the tiny model, built in the run directory on first use."""
     if config.model.path:
-        return Path(config.model.path)
+        return resolve_model_dir(config.model.path)
     base = Path(config.run_dir) / "model"
     if not (base / "config.json").exists():
         init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
@@ -131,7 +133,7 @@ def _evolve(config: PipelineConfig, env: Any, model: Path, out: Path, log: Log) 
     else:
         summary = evolve(env, str(model), out, rollout=config.rollout, seed=config.seed,
                              log=lambda message: log(f"evolve: {message}"), backend=config.model.backend,
-                             **_placement(config),
+                             vllm=config.model.vllm, **_placement(config),
                              report_to=config.report_to, **config.evolve.model_dump())
         log(f"evolve: {summary['candidates']} candidates, {summary['rollouts']} rollouts; validation score "
             f"{summary['seed_val_score']:.3f} (seed) -> {summary['best_val_score']:.3f} (best)")
@@ -185,5 +187,5 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
     if demonstrated:
         log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
     return rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
-                  backend=config.model.backend, report_to=config.report_to, curriculum=config.curriculum,
-                  skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())
+                  backend=config.model.backend, vllm=config.model.vllm, report_to=config.report_to,
+                  curriculum=config.curriculum, skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())

@@ -23,19 +23,19 @@ from transformers import PreTrainedModel
 from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat
 from trajlab.collection.engines import resolve_prompts, rollout_engine
-from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings
+from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings, VLLMSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator
 from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import Policy
-from trajlab.models.devices import AUTO
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
 from trajlab.rollout.runner import EpisodeRunner
 from trajlab.tracking import require_trackers
 from trajlab.train.curriculum import Curriculum, build_stages
 from trajlab.train.lora import lora_config
+from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
@@ -53,6 +53,7 @@ def rl(
     seed: int | None = None,
     resume: bool = False,
     backend: str | None = None,
+    vllm: VLLMSettings | dict | None = None,
     sampler: Generator | None = None,
     on_step: Callable[[dict[str, float]], None] | None = None,
     device: str | None = None,
@@ -76,6 +77,7 @@ def rl(
         report_to: experiment trackers that also get each step's metrics (:mod:`trajlab.tracking`).
         device, dtype: where the policy, its reference and its rollouts run, and the dtype a model directory is
             loaded in (``ModelSettings``; None: its default).
+        vllm: the vllm backend's engine arguments (``VLLMSettings``).
         curriculum: train stage after stage instead (``CurriculumSettings``: ``{"stages": [...]}``); a stage
             without an env of its own uses ``env``.
         skip_tasks: ``(env, task_id)`` keys of train tasks RL does not draw: those SFT's demonstrations came from,
@@ -84,7 +86,7 @@ def rl(
         Other arguments: as for :func:`trajlab.collect`.
     """
     require_trackers(report_to)  # before any model is loaded
-    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend)
+    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend, vllm)
     rollout, seed = settings_of(RolloutSettings, rollout), run_seed(seed)
     tokenizer, processor = tokenizer_of(model, tokenizer), processor_of(model, processor)
     run_env = as_env(env)
@@ -172,7 +174,8 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
     reference = None
     if settings.kl_coef > 0 and not settings.lora:
         reference = frozen_copy(model, device=where, dtype=policy.dtype)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
+    optimizer = adamw([p for p in policy.parameters() if p.requires_grad], master_weights=settings.master_weights,
+                      lr=settings.learning_rate)
     policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, rl_scheduler(optimizer, settings))
     if reference is not None:
         reference.to(accelerator.device)
@@ -195,8 +198,7 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
-    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency,
-                         engine_args=None if placed.dtype == AUTO else {"dtype": placed.dtype})
+    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency, engine_args=placed.engine_args())
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,

@@ -21,7 +21,7 @@ from typing import Any
 import datasets
 import torch
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, PrinterCallback, Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
@@ -32,6 +32,7 @@ from trajlab.rollout.images import decode_png
 from trajlab.tracking import Trackers
 from trajlab.train.checkpoints import MetricsLog, save_final
 from trajlab.train.lora import lora_config
+from trajlab.train.optim import MasterWeightAdamW, needs_master_weights
 
 logger = logging.getLogger(__name__)
 # transformers 5.23 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing (the old name is a
@@ -149,7 +150,8 @@ def train_sft(
     plain model directory, LoRA merged, with the tokenizer and, for a vision-language model, ``processor``).
 
     Checkpoints go to ``out_dir/checkpoint-*``; with ``resume`` training continues from the newest one. On a GPU
-    with bfloat16 the trainer computes in bfloat16 autocast. Every log (``SFT_METRIC_NAMES``) goes to
+    with bfloat16 the trainer computes in bfloat16 autocast; a model in bfloat16 trains with float32 master weights and
+    AdamW moments (``settings.master_weights``, :mod:`trajlab.train.optim`). Every log (``SFT_METRIC_NAMES``) goes to
     ``out_dir/metrics.jsonl`` and the trackers of ``report_to`` (:mod:`trajlab.tracking`). ``on_progress(step,
     max_steps)`` replaces the trainer's progress bar and printed logs (:class:`StepProgress`). ``processor``
     (:func:`trajlab.models.loading.load_processor`) is required when ``dataset`` has images (:class:`ImageCollator`).
@@ -161,10 +163,12 @@ def train_sft(
         raise ValueError("The SFT dataset has images: pass the vision-language model's processor "
                          "(trajlab.models.loading.load_processor).")
     model.train()
+    arguments = _trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
+                                   conversational="input_ids" not in dataset.column_names, bar=on_progress is None)
     trainer = SFTTrainer(
         model=model,
-        args=_trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
-                                conversational="input_ids" not in dataset.column_names, bar=on_progress is None),
+        args=arguments,
+        optimizer_cls_and_kwargs=_master_weight_optimizer(arguments, model, settings),
         data_collator=ImageCollator(model, processor, tokenizer.pad_token_id) if images else None,
         train_dataset=training_columns(dataset),
         # A processor tells TRL the model is a VLM (unused vision weights under DDP) and goes into each checkpoint.
@@ -186,6 +190,17 @@ def train_sft(
         trainer.train(resume_from_checkpoint=checkpoint)
     return save_final(trainer.model, tokenizer, processor, out_dir / "final", lora=bool(settings.lora),
                       accelerator=trainer.accelerator)
+
+
+def _master_weight_optimizer(arguments: SFTConfig, model: Any, settings: SFTSettings) -> tuple[type, dict] | None:
+    """The trainer's own AdamW and arguments with float32 master weights (:mod:`trajlab.train.optim`), for a model
+    in bfloat16 with ``master_weights``; None: the trainer's optimizer as it is."""
+    if not settings.master_weights or not needs_master_weights(model.parameters()):
+        return None
+    kind, kwargs = Trainer.get_optimizer_cls_and_kwargs(arguments, model)
+    if not issubclass(kind, torch.optim.AdamW):
+        raise ValueError(f"master weights wrap AdamW; the trainer's optimizer is {kind.__name__}")
+    return MasterWeightAdamW, kwargs
 
 
 def _trainer_arguments(out_dir: Path, settings: SFTSettings, *, seed: int, device: torch.device, images: bool,

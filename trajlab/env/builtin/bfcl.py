@@ -260,9 +260,25 @@ def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, An
     return {"role": "assistant", "content": "Done."}
 
 
+def one_call_oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reference's calls one per message, in the same order, then the same answer: for chat templates that allow
+    a single tool call per assistant message (Llama 3.2's raises on more). Each turn is one more model turn."""
+    users = [i for i, message in enumerate(messages) if message["role"] == "user"]
+    calls = ground_truth_calls(task["task_id"])[len(users) - 1]
+    made = sum(len(message.get("tool_calls") or []) for message in messages[users[-1] + 1:])
+    if made < len(calls):
+        call = calls[made]
+        return {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}
+    if not calls:
+        return {"role": "assistant", "content": "I cannot do that with the functions and information I have."}
+    return {"role": "assistant", "content": "Done."}
+
+
 _STYLE = PROMPT_STYLE_TEMPLATES["classic"]
 SYSTEM_PROMPT = f"{_STYLE['persona']} {_STYLE['task']}\n\n{_STYLE['multiturn_behavior']}"
 
 SPEC = EnvSpec(name="bfcl", env_cls=BFCL, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
                splits=("train", "validation", "test"), metadata={"bfcl_eval": version("bfcl-eval")},
-               limits=EpisodeLimits(max_turns=16, max_episode_tokens=80_000, max_new_tokens=4096))
+               limits=EpisodeLimits(max_turns=16, max_episode_tokens=80_000, max_new_tokens=4096),
+               references={"one_call_at_a_time": one_call_oracle})

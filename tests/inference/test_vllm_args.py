@@ -1,0 +1,74 @@
+"""What reaches ``vllm.LLM(...)`` from the config's ``model`` section, for every way a vLLM engine is started.
+
+vLLM is not installed in the main venv (its lane, tests/vllm, runs it for real on its CPU build), so a stand-in
+``vllm`` module records the engine's keyword arguments; everything between the config and that call is trajlab's own.
+"""
+
+import sys
+import types
+
+import pytest
+
+from trajlab.collection.engines import load_rollout_policy
+from trajlab.config import ModelSettings, RolloutSettings, ServeSettings, load_config
+from trajlab.env import load_env
+from trajlab.proxy.server import build_app
+from trajlab.recipes.rl import _vllm_sampler
+
+SECTION = {"backend": "vllm", "dtype": "bfloat16",
+           "vllm": {"gpu_memory_utilization": 0.35, "max_model_len": 8192, "enforce_eager": False}}
+EXPECTED = {"gpu_memory_utilization": 0.35, "max_model_len": 8192, "enforce_eager": False, "dtype": "bfloat16"}
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    """A stand-in ``vllm`` package whose ``LLM`` records its keyword arguments, one dict per engine started."""
+    started: list[dict] = []
+
+    class LLM:
+        def __init__(self, **kwargs):
+            started.append(kwargs)
+
+    platform = types.SimpleNamespace(is_cpu=lambda: True, is_sleep_mode_available=lambda: False)
+    vllm = types.ModuleType("vllm")
+    vllm.LLM = LLM
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = platform
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    return started
+
+
+def _checked(started: list[dict], model_dir) -> None:
+    assert len(started) == 1
+    args = started[0]
+    assert {key: args[key] for key in EXPECTED} == EXPECTED
+    assert args["model"] == str(model_dir) and args["skip_tokenizer_init"] is True
+    assert args["logprobs_mode"] == "processed_logprobs"
+
+
+def test_collect_and_eval_engines_get_the_model_section(engines, tiny_model_dir):
+    model = load_config(None, {"model": SECTION}).model
+    load_rollout_policy(load_env("arithmetic"), str(tiny_model_dir), model=model, max_batch_size=4, tokenizer=None,
+                        demonstrator=None)
+    _checked(engines, tiny_model_dir)
+
+
+def test_the_rl_sampler_gets_the_model_section(engines, tiny_model_dir):
+    _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(SECTION), RolloutSettings(), seed=3)
+    _checked(engines, tiny_model_dir)
+    assert engines[0]["seed"] == 3
+
+
+def test_serve_gets_the_model_section(engines, tiny_model_dir):
+    build_app(ServeSettings(), ModelSettings.model_validate(SECTION | {"path": str(tiny_model_dir)}), "auto")
+    _checked(engines, tiny_model_dir)
+
+
+def test_defaults_keep_the_eager_engine_in_the_checkpoints_dtype(engines, tiny_model_dir):
+    _vllm_sampler(str(tiny_model_dir), ModelSettings(backend="vllm"), RolloutSettings(), seed=0)
+    args = engines[0]
+    assert args["enforce_eager"] is True and args["dtype"] == "float32"
+    assert "gpu_memory_utilization" not in args and "max_model_len" not in args, "vLLM's own defaults"

@@ -1,0 +1,79 @@
+"""The shipped real-model configs, each run on its 2-layer real-architecture twin with tiny budgets.
+
+Every stage of each config runs as shipped (its env, stages, rates, limits, dataset and RL settings) except what the
+budgets change: the model is ``trajlab model init --arch NAME --layers 2`` (real widths, vocabulary and tokenizer,
+random weights), in bfloat16 so the CPU's bfloat16 units carry the 150k-vocabulary head, with one demonstration,
+one SFT step, one RL step of 1 task x 2 rollouts and evaluations of one task. The demonstration is collected first
+with the config's own rollout limits (a shorter limit would truncate it); the other stages then roll out 2 turns of
+8 tokens, since the random twin writes nonsense until a limit stops it. Measured on the shared 2-core CPU: about 4
+minutes per config (235 s Llama, 234 s Qwen) and 12 GB peak for the Qwen3-1.7B twin, most of it the SFT step on one
+~3.8k-token episode.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trajlab.data.store import read_trajectories
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {"qwen3-1.7b-bfcl.yaml": "qwen3-1.7b", "llama3.2-1b-bfcl.yaml": "llama-3.2-1b"}
+BUDGETS = {"sft.max_steps": 1, "sft.gradient_accumulation_steps": 1, "rl.steps": 1, "rl.tasks_per_step": 1,
+           "rl.group_size": 2, "eval.num_tasks": 1, "rollout.max_turns": 2, "rollout.max_new_tokens": 8,
+           "rollout.concurrency": 2}
+
+
+def _trajlab(*args: str) -> subprocess.CompletedProcess:
+    """One command in its own process (each run's memory is its own), from the repository root."""
+    return subprocess.run([sys.executable, "-m", "trajlab.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=1200, env=os.environ | {"COLUMNS": "200"})
+
+
+def _sets(values: dict) -> list[str]:
+    return [arg for key, value in values.items() for arg in ("--set", f"{key}={value}")]
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """tmp_path, emptied after the test: a run writes about 12 GB of checkpoints (float32 optimizer state of a
+    400M-parameter twin), which pytest would otherwise keep for three sessions."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_shipped_config_runs_on_its_two_layer_twin(name, scratch):
+    config = ROOT / "configs" / name
+    shipped = yaml.safe_load(config.read_text())
+    assert config.read_text().startswith(f"# trajlab run configs/{name}\n")
+    twin, run = scratch / "twin", scratch / "run"
+    built = _trajlab("model", "init", "--arch", CONFIGS[name], "--layers", "2", str(twin))
+    assert built.returncode == 0, built.stdout + built.stderr
+    model = {"run_dir": run, "model.path": twin, "model.dtype": "bfloat16", "collect.episodes": 1}
+
+    demonstrated = _trajlab("run", str(config), *_sets(model), "--set", "stages=[collect]")
+    assert demonstrated.returncode == 0, demonstrated.stdout + demonstrated.stderr
+    (demo,) = read_trajectories(run / "demos.jsonl")
+    assert demo.status == "success" and demo.env == "bfcl"
+    if shipped["collect"].get("reference") == "one_call_at_a_time":
+        assert all(len(m.get("tool_calls") or []) <= 1 for m in demo.messages)
+
+    result = _trajlab("run", str(config), *_sets(model | BUDGETS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [r["label"] for r in json.loads((run / "results.json").read_text())] == ["base", "sft", "rl"]
+    for stage in ("sft", "rl"):
+        trained = json.loads((run / stage / "final" / "config.json").read_text())
+        assert trained["num_hidden_layers"] == 2 and trained["dtype"] == "bfloat16"
+    used = yaml.safe_load((run / "config.yaml").read_text())
+    assert used["sft"]["learning_rate"] == shipped["sft"]["learning_rate"] == 1e-5
+    assert used["rl"]["learning_rate"] == shipped["rl"]["learning_rate"] == 1e-6
+    assert used["stages"] == shipped["stages"] and used["env"] == "bfcl"
+    steps = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 1 and steps[0]["optim/lr"] > 0
