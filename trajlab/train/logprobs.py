@@ -20,11 +20,12 @@ from transformers import DynamicCache
 from trajlab.inference.pixels import image_inputs
 
 CHUNK_TOKENS = 128
-"""Positions (over the whole batch) whose logits exist at once: 128 x 151,936 x 4 bytes = 78 MB in float32, a few
-such buffers at the peak of a slice's backward pass (BENCHMARKS.md, "Memory": 256 cost 0.3-0.4 GB more at the peak)."""
+"""Tokens (over the whole micro-batch, however many rows it has) whose logits exist at once: 128 x 151,936 x 4 bytes
+= 78 MB in float32, a few such buffers at the peak of a slice's backward pass (BENCHMARKS.md, "Memory": 256 cost
+0.3-0.4 GB more at the peak)."""
 
 Head = Callable[[torch.Tensor], torch.Tensor]
-"""Maps hidden states (B, l, H) to logits (B, l, V): the model's output layer."""
+"""Maps hidden states (..., H) to logits (..., V): the model's output layer."""
 
 
 def chosen_logprobs(
@@ -40,34 +41,55 @@ def chosen_logprobs(
 
     ``hidden`` (B, L, H) holds the final hidden states of the positions that predict ``targets``. The result equals
     ``log_softmax(head(hidden).float() / temperature).gather(targets)``, with the same gradients; the entropy is a
-    statistic and carries none. ``chunk_tokens`` defaults to ``CHUNK_TOKENS``.
+    statistic and carries none. The rows are sliced as one sequence of B x L tokens (:func:`head_statistics`).
     """
-    width = max(1, (chunk_tokens or CHUNK_TOKENS) // max(1, hidden.shape[0]))  # positions per slice
+    rows, length = targets.shape
+    logprobs, entropy, _ = head_statistics(hidden.reshape(rows * length, hidden.shape[-1]), head,
+                                           targets.reshape(-1), temperature, chunk_tokens=chunk_tokens)
+    return logprobs.view(rows, length), entropy.view(rows, length)
+
+
+def head_statistics(
+    hidden: torch.Tensor,
+    head: Head,
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token of ``hidden`` (N, H) and ``targets`` (N,): the target's log-probability under ``head(hidden) /
+    temperature`` (N,), the distribution's entropy (N,) and whether the target is its first most likely token (N,).
+
+    The head runs on ``chunk_tokens`` tokens at a time (default ``CHUNK_TOKENS``); under autograd each slice keeps
+    only its hidden states and is recomputed in the backward pass. Only the log-probabilities carry gradients.
+    """
+    width = chunk_tokens or CHUNK_TOKENS
     recompute = torch.is_grad_enabled() and hidden.requires_grad
     pieces = []
-    for begin in range(0, hidden.shape[1], width):
-        piece = (hidden[:, begin : begin + width], targets[:, begin : begin + width])
+    for begin in range(0, hidden.shape[0], width):
+        piece = (hidden[begin : begin + width], targets[begin : begin + width])
         if recompute:  # keep only the slice's hidden states for backward; its logits are computed again there
             pieces.append(checkpoint(_slice, head, *piece, temperature, use_reentrant=False))
         else:
             pieces.append(_slice(head, *piece, temperature))
-    if not pieces:
-        empty = hidden.new_zeros(targets.shape, dtype=torch.float32)
-        return empty, empty
-    logprobs, entropy = zip(*pieces, strict=True)
-    return torch.cat(logprobs, dim=1), torch.cat(entropy, dim=1)
+    if not pieces:  # no tokens: empty results, still in the graph, so a loss over none of them backpropagates
+        empty = hidden.sum(-1, dtype=torch.float32)  # (0,)
+        return empty, empty.detach(), torch.zeros_like(targets, dtype=torch.bool)
+    logprobs, entropy, top1 = (torch.cat(column) for column in zip(*pieces, strict=True))
+    return logprobs, entropy, top1
 
 
 def _slice(head: Head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, ...]:
-    logits = head(hidden).float()  # (B, l, V): the only vocabulary-wide tensor, one slice at a time
+    logits = head(hidden).float()  # (l, V): the only vocabulary-wide tensor, one slice at a time
     if temperature != 1.0:
         logits = logits / temperature
-    norm = logits.logsumexp(-1)  # (B, l)
+    norm = logits.logsumexp(-1)  # (l,)
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
-    with torch.no_grad():  # H = log Z - sum p * logits, in place: one more (B, l, V) buffer at most
+    with torch.no_grad():  # H = log Z - sum p * logits, in place: one more (l, V) buffer at most
+        top1 = logits.argmax(-1) == targets
         probs = (logits - norm.unsqueeze(-1)).exp_()
         entropy = norm - probs.mul_(logits).sum(-1)
-    return chosen, entropy
+    return chosen, entropy, top1
 
 
 MIN_SHARED_HEAD = 16
