@@ -17,8 +17,10 @@ optimizer step (batch 1, AdamW):
 - ``trajlab-own-defaults``: the same with trajlab's default, checkpointing off (more memory, no recomputation).
 
 Each side and length runs in its own fresh interpreter, ``trl`` first. The peak is the process's ``ru_maxrss``
-(interpreter, torch, model, gradients, AdamW's states, the step); "before" is the resident memory after the model is
-loaded, before the trainer is built; both sides have imported the same modules by then (trajlab's SFT recipe and
+(interpreter, torch, model, gradients, AdamW's states, the step); at short lengths it is the first optimizer step's
+(weights, gradients and AdamW's two new states: the same on both sides), so the forward and backward passes' own
+peak (``VmHWM``, reset before training, read when backward ends) is reported too, and each side's growth per token
+is taken from it. "before" is the resident memory after the model is loaded, before the trainer is built; both sides have imported the same modules by then (trajlab's SFT recipe and
 TRL), so the interpreter's share is the same. On CUDA ``torch.cuda.max_memory_allocated`` is reported too. Each run
 stops after its optimizer step, before any checkpoint or final save.
 
@@ -55,9 +57,10 @@ def scale_for(device: str) -> Scale:
     return dataclasses.replace(Scale.full(), device=device, arch="qwen3-0.6b-2-layers", shape=shape)
 
 
-def rss_bytes() -> int:
+def status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status: VmRSS (resident now), VmHWM (its peak since the last reset)."""
     with open("/proc/self/status") as status:
-        return int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) * 1024
+        return int(next(line for line in status if line.startswith(f"{field}:")).split()[1]) * 1024
 
 
 def training_row(length: int, vocab: int, seed: int = 0) -> Any:
@@ -146,17 +149,20 @@ def worker(key: str, scale: Scale, work: Path) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_dir)
     dataset = training_row(int(length), model.config.vocab_size)
     losses: list[float] = []
-    step = trl.SFTTrainer.training_step  # every side's trainer is an SFTTrainer
+    backward_peaks: list[int] = []
+    step = trl.SFTTrainer.training_step  # every side's trainer is an SFTTrainer: forward and backward, no update
 
     def training_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         loss = step(self, *args, **kwargs)
         losses.append(float(loss))
+        backward_peaks.append(status_bytes("VmHWM"))  # the peak up to the end of backward, before the update
         return loss
 
     trl.SFTTrainer.training_step = training_step
     gradients: dict[str, Any] = {}
     record_gradients(model, gradients)
-    before = rss_bytes()
+    before = status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here on: the forward and backward passes' peak
     if scale.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     began = time.perf_counter()
@@ -179,6 +185,7 @@ def worker(key: str, scale: Scale, work: Path) -> dict[str, Any]:
         "cuda": cuda,
         "seconds": seconds,
         "loss": losses[-1],
+        "backward_peak": backward_peaks[-1],
         "gradients": str(saved),
     }
 
@@ -212,7 +219,7 @@ def main() -> None:
         "one row, batch 1, AdamW"
     )
     print(
-        "| tokens | side | peak RSS GB | before GB | step's own GB | CUDA peak GB | step s | loss | "
+        "| tokens | side | peak RSS GB | forward+backward peak GB | before GB | CUDA peak GB | step s | loss | "
         "loss diff vs trl | grad diff vs trl (largest entry) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -224,14 +231,14 @@ def main() -> None:
             if "error" in r:
                 print(f"| {length} | {side} | {r['error']} | | | | | | | |", flush=True)
                 continue
-            peaks[side][length] = r["peak"]
+            peaks[side][length] = r["backward_peak"]
             cuda = gb(r["cuda"]) if r["cuda"] is not None else "-"
             differences = "-", "-"
             if side != "trl" and "error" not in results.get("trl", {"error": ""}):
                 loss, grad, largest = agreement(r, results["trl"])
                 differences = f"{loss:.1e}", f"{grad:.1e} ({largest:.1e})"
             print(
-                f"| {length} | {side} | {gb(r['peak'])} | {gb(r['before'])} | {gb(r['peak'] - r['before'])} | "
+                f"| {length} | {side} | {gb(r['peak'])} | {gb(r['backward_peak'])} | {gb(r['before'])} | "
                 f"{cuda} | {r['seconds']:.1f} | {r['loss']:.4f} | {differences[0]} | {differences[1]} |",
                 flush=True,
             )
@@ -240,7 +247,7 @@ def main() -> None:
         if len(lengths) >= 2:
             growth = (by_length[lengths[-1]] - by_length[lengths[0]]) / (lengths[-1] - lengths[0])
             print(
-                f"{side}: peak grows by {growth / 1024:.0f} KB per token from {lengths[0]} to {lengths[-1]} "
+                f"{side}: the forward+backward peak grows by {growth / 1024:.0f} KB per token from {lengths[0]} to {lengths[-1]} "
                 f"(a float32 row of logits is {scale.vocab_size * 4 / 1024:.0f} KB)"
             )
 
