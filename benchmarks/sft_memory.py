@@ -20,9 +20,10 @@ Each side and length runs in its own fresh interpreter, ``trl`` first. The peak 
 (interpreter, torch, model, gradients, AdamW's states, the step); at short lengths it is the first optimizer step's
 (weights, gradients and AdamW's two new states: the same on both sides), so the forward and backward passes' own
 peak (``VmHWM``, reset before training, read when backward ends) is reported too, and each side's growth per token
-is taken from it. "before" is the resident memory after the model is loaded, before the trainer is built; both sides have imported the same modules by then (trajlab's SFT recipe and
-TRL), so the interpreter's share is the same. On CUDA ``torch.cuda.max_memory_allocated`` is reported too. Each run
-stops after its optimizer step, before any checkpoint or final save.
+is taken from it. "before" is the resident memory after the model is loaded, before the trainer is built; both sides
+have imported the same modules by then (trajlab's SFT recipe and TRL), so the interpreter's share is the same. On
+CUDA ``torch.cuda.max_memory_allocated`` is reported too. Each run stops after its optimizer step, before any
+checkpoint or final save.
 
 Agreement: every side records its loss and, from post-accumulate gradient hooks (before clipping), each parameter's
 gradient norm and 100,000 of its entries at fixed random positions; each side is compared with ``trl``'s at the same
@@ -247,7 +248,8 @@ def main() -> None:
         if len(lengths) >= 2:
             growth = (by_length[lengths[-1]] - by_length[lengths[0]]) / (lengths[-1] - lengths[0])
             print(
-                f"{side}: the forward+backward peak grows by {growth / 1024:.0f} KB per token from {lengths[0]} to {lengths[-1]} "
+                f"{side}: the forward+backward peak grows by {growth / 1024:.0f} KB per token from {lengths[0]} to "
+                f"{lengths[-1]} "
                 f"(a float32 row of logits is {scale.vocab_size * 4 / 1024:.0f} KB)"
             )
 
