@@ -61,10 +61,15 @@ def head_statistics(
     temperature`` (N,), the distribution's entropy (N,) and whether the target is its first most likely token (N,).
 
     The head runs on ``chunk_tokens`` tokens at a time (default ``CHUNK_TOKENS``); under autograd each slice keeps
-    only its hidden states and is recomputed in the backward pass. Only the log-probabilities carry gradients.
+    only its hidden states and is recomputed in the backward pass. Only the log-probabilities carry gradients. A
+    plain linear head (:func:`_plain_linear`) accumulates its weight's gradient in one buffer (:class:`_LinearHead`);
+    any other (soft-capped, adapted, sharded) is checkpointed slice by slice, each slice's weight gradient a buffer
+    of its own until it is added up: one more (V, H) tensor at the peak.
     """
     width = chunk_tokens or CHUNK_TOKENS
     recompute = torch.is_grad_enabled() and hidden.requires_grad
+    if recompute and hidden.shape[0] and _plain_linear(head):
+        return _LinearHead.apply(hidden, head.weight, head.bias, targets, temperature, width)
     pieces = []
     for begin in range(0, hidden.shape[0], width):
         piece = (hidden[begin : begin + width], targets[begin : begin + width])
@@ -75,7 +80,7 @@ def head_statistics(
     if not pieces:  # no tokens: empty results, still in the graph, so a loss over none of them backpropagates
         empty = hidden.sum(-1, dtype=torch.float32)  # (0,)
         return empty, empty.detach(), torch.zeros_like(targets, dtype=torch.bool)
-    logprobs, entropy, top1 = (torch.cat(column) for column in zip(*pieces, strict=True))
+    logprobs, entropy, top1, _ = (torch.cat(column) for column in zip(*pieces, strict=True))
     return logprobs, entropy, top1
 
 
@@ -89,7 +94,55 @@ def _slice(head: Head, hidden: torch.Tensor, targets: torch.Tensor, temperature:
         top1 = logits.argmax(-1) == targets
         probs = (logits - norm.unsqueeze(-1)).exp_()
         entropy = norm - probs.mul_(logits).sum(-1)
-    return chosen, entropy, top1
+    return chosen, entropy, top1, norm.detach()
+
+
+def _plain_linear(head: Head) -> bool:
+    """A plain ``nn.Linear`` whose whole weight is here (not sharded away, not a tensor subclass)."""
+    return (type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter
+            and head.weight.shape == (head.out_features, head.in_features))
+
+
+class _LinearHead(torch.autograd.Function):
+    """:func:`head_statistics` of a linear head, slice by slice, keeping only the hidden states and each token's
+    log-normaliser for the backward pass, which recomputes each slice's logits and adds its weight gradient into one
+    float32 (V, H) buffer."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, temperature: float, width: int) -> tuple[torch.Tensor, ...]:
+        pieces = [_slice(lambda h: torch.nn.functional.linear(h, weight, bias), hidden[begin : begin + width],
+                         targets[begin : begin + width], temperature) for begin in range(0, hidden.shape[0], width)]
+        chosen, entropy, top1, norm = (torch.cat(column) for column in zip(*pieces, strict=True))
+        ctx.save_for_backward(hidden, weight, bias, targets, norm)
+        ctx.temperature, ctx.width = temperature, width
+        ctx.dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        ctx.mark_non_differentiable(entropy, top1)
+        return chosen, entropy, top1
+
+    @staticmethod
+    def backward(ctx: Any, grad_chosen: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, norm = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        grad_hidden = torch.empty_like(hidden) if wanted[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if wanted[1] else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if wanted[2] else None
+        for begin in range(0, hidden.shape[0], ctx.width):
+            rows = slice(begin, begin + ctx.width)
+            with torch.autocast("cuda", dtype=ctx.dtype, enabled=ctx.dtype is not None):  # as the forward ran
+                logits = torch.nn.functional.linear(hidden[rows], weight, bias).float() / ctx.temperature  # (l, V)
+            # d log p(target) / d logits = (onehot(target) - softmax) / temperature, times the incoming gradient
+            grad = logits.sub_(norm[rows].unsqueeze(-1)).exp_().mul_(-grad_chosen[rows].unsqueeze(-1))
+            grad.scatter_add_(-1, targets[rows].unsqueeze(-1), grad_chosen[rows].unsqueeze(-1))
+            grad.div_(ctx.temperature)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (grad @ weight.float()).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t(), hidden[rows].float())
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
 
 
 MIN_SHARED_HEAD = 16
