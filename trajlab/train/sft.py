@@ -31,6 +31,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from trajlab.config import SFTSettings
 from trajlab.inference.pixels import image_inputs
+from trajlab.models.devices import release_freed_memory
 from trajlab.rollout.images import decode_png
 from trajlab.tracking import Trackers
 from trajlab.train.checkpoints import MetricsLog, save_final
@@ -162,6 +163,13 @@ class SlicedLossTrainer(SFTTrainer):
             seen = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
             self._total_train_tokens += seen // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        return loss
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """TRL's forward and backward pass, then the pages they freed back to the system before the optimizer step
+        allocates (:func:`release_freed_memory`)."""
+        loss = super().training_step(*args, **kwargs)
+        release_freed_memory()
         return loss
 
 
