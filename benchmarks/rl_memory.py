@@ -2,6 +2,7 @@
 
     python benchmarks/rl_memory.py                      # updates at 512, 2048 and 8192 tokens; rollout batch
     python benchmarks/rl_memory.py --quick              # smoke check: short episodes, small rollout batch
+    python benchmarks/rl_memory.py --rl-steps 4x4 16x16  # only whole `trajlab rl` steps (3. below)
 
 Every measurement runs in its own fresh interpreter, one after the other, so peaks never mix; the peak is the child's
 ``ru_maxrss`` (whole process: interpreter, torch, model, optimizer, the step), and "step" is that peak minus the
@@ -27,6 +28,11 @@ resident memory just before the measured work began.
    Each framework runs alone in a fresh process (``--rounds`` processes each, alternating): one warm-up batch, whose
    peak is the memory reported, then ``--repeats`` timed batches; wall time is the median over all of them.
    trajlab's prefix cache is cleared between batches so each batch reads its prompts again.
+3. **RL step** (``--rl-steps TASKSxGROUP ...``, instead of 1 and 2): one step of the ``trajlab rl`` command, rollouts
+   and update, in its own process, on the update's model (Qwen3's vocabulary at the tiny model's depth, saved with the
+   tiny tokenizer): the arithmetic env, one turn of exactly ``--rl-new-tokens`` new tokens (its random weights
+   practically never sample the end of turn), ``kl_coef`` 0.01 (a reference model is kept), every other setting the
+   command's default. The peak is the command's ``ru_maxrss`` as ``wait4`` reports it.
 """
 
 from __future__ import annotations
@@ -254,6 +260,49 @@ def rollout_worker(framework: str, args: argparse.Namespace) -> dict[str, Any]:
     return {"peak": peak, "before": before, "tokens": tokens, "times": times}
 
 
+# --- whole RL steps ---
+
+
+def rl_step(args: argparse.Namespace, tasks: int, group: int) -> dict[str, Any]:
+    """One ``trajlab rl`` step in a fresh process: its peak RSS and the step's own timings."""
+    model = args.work_dir / "qwen3-vocab-tiny-depth"
+    if not (model / "config.json").exists():
+        from trajlab.models.loading import load_tokenizer
+        from trajlab.models.tiny import save_tiny_model
+
+        tokenizer = load_tokenizer(args.tiny_model)
+        save_tiny_model(real_vocab_model(args.seed), tokenizer, tokenizer, model)
+    out = Path(tempfile.mkdtemp(prefix="rl-memory-step-", dir=args.work_dir))
+    command = [sys.executable, "-m", "trajlab.cli", "--quiet", "rl", "--out", str(out), "--model", str(model), "--env",
+               "arithmetic", "--steps", "1", "--tasks-per-step", str(tasks), "--group-size", str(group),
+               "--kl-coef", "0.01", "--seed", str(args.seed), "--set", "rollout.max_turns=1",
+               "--set", f"rollout.max_new_tokens={args.rl_new_tokens}"]
+    began = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stderr = child.stderr.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - began
+    if status != 0:
+        return {"error": f"exit {status}: {stderr.strip().splitlines()[-1:]}"}
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    return {"peak": usage.ru_maxrss * 1024, "seconds": seconds, "rollout_s": metrics["perf/rollout_s"],
+            "update_s": metrics["perf/update_s"], "episodes": metrics["rollout/episodes"]}
+
+
+def rl_steps(args: argparse.Namespace) -> None:
+    print(f"RL step: vocab {QWEN3_VOCAB}, tiny depth, one turn of {args.rl_new_tokens} new tokens, kl_coef 0.01")
+    print("| tasks x rollouts | peak RSS GB | rollouts s | update s | command s |")
+    print("|---|---|---|---|---|")
+    for spec in args.rl_steps:
+        tasks, group = (int(part) for part in spec.split("x"))
+        r = rl_step(args, tasks, group)
+        if "error" in r:
+            print(f"| {spec} | {r['error']} | | | |", flush=True)
+            continue
+        print(f"| {spec} ({r['episodes']:.0f} episodes) | {gb(r['peak'])} | {r['rollout_s']:.1f} | "
+              f"{r['update_s']:.1f} | {r['seconds']:.1f} |", flush=True)
+
+
 # --- the driver ---
 
 
@@ -287,6 +336,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="fresh processes per rollout framework, alternating")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-rl-memory")
+    parser.add_argument("--rl-steps", nargs="*", default=[], metavar="TASKSxGROUP",
+                        help="only whole `trajlab rl` steps of these sizes, e.g. 4x4 16x16")
+    parser.add_argument("--rl-new-tokens", type=int, default=256, help="new tokens of an RL step's one turn")
     parser.add_argument("--quick", action="store_true", help="lengths 256 512, rollouts 8 x 32 tokens")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -305,6 +357,9 @@ def main() -> None:
 
     if not (args.tiny_model / "config.json").exists():
         init_tiny_model(args.tiny_model, seed=args.seed, overwrite=True)
+    if args.rl_steps:
+        rl_steps(args)
+        return
     print(f"update: vocab {QWEN3_VOCAB}, batch {args.batch}, prompt {args.prompt_tokens} tokens, no KL, AdamW")
     print("| tokens/episode | framework | peak RSS GB | step's own GB | update s |")
     print("|---|---|---|---|---|")

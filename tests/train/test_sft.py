@@ -4,6 +4,8 @@ import asyncio
 import itertools
 import json
 
+import pytest
+
 import trajlab
 from trajlab.chat.parsers import get_parser
 from trajlab.config import LoraSettings, SFTSettings
@@ -83,3 +85,50 @@ def test_sft_with_gradient_checkpointing_trains_a_step(tiny_model_dir, tiny_toke
     state = json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())
     assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1]
+
+
+def test_sliced_loss_equals_the_full_logits_loss_and_trls_with_the_same_gradients(tiny_model_dir, tiny_tokenizer,
+                                                                                   tiny_template, monkeypatch):
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    from trajlab.train import logprobs
+    from trajlab.train.sft import SlicedLossTrainer
+
+    monkeypatch.setattr(logprobs, "CHUNK_TOKENS", 16)  # many slices, the last one short
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template, n=4), include_failures=False,
+                          shortest_per_task=False)
+    model = load_model(tiny_model_dir).train()
+    trainer = SlicedLossTrainer(model=model, args=SFTConfig(output_dir="/tmp/unused-sft", report_to="none",
+                                                            max_length=None, per_device_train_batch_size=4,
+                                                            use_cpu=True, bf16=False),
+                                train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                                processing_class=tiny_tokenizer)
+    batch = next(iter(trainer.get_train_dataloader()))
+    labels = batch["labels"][:, 1:]
+    assert (labels != -100).sum() > 3 * 16 and (labels == -100).any(), "several slices; prompt tokens masked"
+
+    def loss(way, count):
+        if way == "sliced":
+            return trainer.compute_loss(model, dict(batch), num_items_in_batch=count)
+        if way == "trl":  # TRL's own fused head: what SFT computed before
+            return SFTTrainer.compute_loss(trainer, model, dict(batch), num_items_in_batch=count)
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]  # (B, T, V)
+        summed = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                   reduction="sum")
+        return summed / ((labels != -100).sum() if count is None else count)
+
+    for count in (None, 1000):  # the batch's own token count, or the accumulated batch's (num_items_in_batch)
+        results = []
+        for way in ("sliced", "trl", "full"):
+            model.zero_grad()
+            value = loss(way, count)
+            value.backward()
+            results.append((value.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        (sliced, sliced_grad), (trl, trl_grad), (full, full_grad) = results
+        assert torch.allclose(sliced, full, atol=1e-4, rtol=0) and torch.allclose(sliced, trl, atol=1e-4, rtol=0)
+        assert torch.allclose(sliced_grad, full_grad, atol=1e-4, rtol=0)
+        assert torch.allclose(sliced_grad, trl_grad, atol=1e-4, rtol=0)
+    metrics = trainer._metrics["train"]  # sliced, then TRL's, per count: the same entropy and accuracy
+    for name in ("entropy", "mean_token_accuracy"):
+        assert metrics[name][0] == pytest.approx(metrics[name][1], abs=1e-4), name

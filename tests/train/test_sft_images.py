@@ -33,6 +33,7 @@ from trajlab.models.loading import load_model, load_processor
 from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import Trajectory
+from trajlab.train import sft as sft_training
 
 LOOKS = 3
 TOKENS_PER_IMAGE = 4  # the tiny vision model's
@@ -95,7 +96,8 @@ def _settings(**overrides: Any) -> SFTSettings:
     return SFTSettings(**({"max_steps": 1, "batch_size": 2, "warmup_steps": 0, "logging_steps": 1} | overrides))
 
 
-def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides, tiny_vision_dir, tmp_path) -> None:
+def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides, tiny_vision_dir, tmp_path,
+                                                                          monkeypatch) -> None:
     policy, by_name = slides
     path = tmp_path / "slides.jsonl"
     with TrajectoryStore(path) as store:
@@ -115,6 +117,14 @@ def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides
     model, processor = load_model(tiny_vision_dir), load_processor(tiny_vision_dir)
     batches: list[dict[str, Any]] = []
     model.register_forward_pre_hook(lambda module, args, kwargs: batches.append(kwargs), with_kwargs=True)
+    losses: list[dict[str, Any]] = []  # the loss's inputs: its labels (the forward gets none: the loss is sliced)
+    sliced = sft_training.sliced_sft_loss
+
+    def recorded(model: Any, inputs: dict[str, Any], count: Any) -> Any:
+        losses.append(inputs)
+        return sliced(model, inputs, count)
+
+    monkeypatch.setattr(sft_training, "sliced_sft_loss", recorded)
     trajlab.sft(model, load_saved_dataset(saved), tmp_path / "out", tokenizer=policy.tokenizer, processor=processor,
                 device="cpu", **_settings().model_dump())
 
@@ -129,14 +139,16 @@ def test_each_training_forward_gets_its_rows_images_at_their_placeholders(slides
     image_token = model.config.image_token_id
     assert ((ids == image_token).sum(dim=1) == LOOKS * TOKENS_PER_IMAGE).all()
     assert torch.equal(batch["token_type_ids"], (ids == image_token).long())
-    assert (batch["labels"][ids == image_token] == -100).all(), "image tokens are observations"
+    labels = losses[0]["labels"]
+    assert torch.equal(losses[0]["input_ids"], ids)
+    assert (labels[ids == image_token] == -100).all(), "image tokens are observations"
     for row, name in enumerate(rows):
         tokens = trajectories[name].tokens
         whole, mask = tokens.prompt_ids + tokens.completion_ids, [0] * len(tokens.prompt_ids) + tokens.loss_mask
         assert ids[row, :len(whole)].tolist() == whole
-        labels = [token if bit else -100 for token, bit in zip(whole, mask, strict=True)]
-        assert batch["labels"][row, :len(whole)].tolist() == labels
-        assert (batch["labels"][row, len(whole):] == -100).all() and batch["attention_mask"][row].sum() == len(whole)
+        assert labels[row, :len(whole)].tolist() == [token if bit else -100 for token, bit in zip(whole, mask,
+                                                                                                 strict=True)]
+        assert (labels[row, len(whole):] == -100).all() and batch["attention_mask"][row].sum() == len(whole)
 
 
 def test_the_training_loss_depends_on_the_pixels(slides, tiny_vision_dir, tmp_path) -> None:

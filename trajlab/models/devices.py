@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import platform
+import sys
+
 import torch
 
 AUTO = "auto"
@@ -58,3 +63,24 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dt
         raise ValueError(f"dtype bfloat16: {torch.cuda.get_device_name(device)} does not support it; use float16 or "
                         "float32")
     return dtype
+
+
+def release_freed_memory() -> None:
+    """Hand the pages of memory already freed back to the system (glibc's ``malloc_trim``; nothing on other C
+    libraries).
+
+    glibc serves a block below its mmap threshold from its heaps, and the threshold rises to the largest block freed
+    (up to 32 MB): with a real vocabulary, a batch's float32 logits rows ((B, V), 10-20 MB). Freed in between
+    longer-lived blocks, such blocks stay resident: one RL step's rollouts and update on Qwen3's vocabulary kept over
+    1 GB that torch had freed (BENCHMARKS.md, "Memory: whole RL steps"). Trimming between phases returns it.
+    """
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    return ctypes.CDLL("libc.so.6")

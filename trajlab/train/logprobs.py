@@ -20,11 +20,12 @@ from transformers import DynamicCache
 from trajlab.inference.pixels import image_inputs
 
 CHUNK_TOKENS = 128
-"""Positions (over the whole batch) whose logits exist at once: 128 x 151,936 x 4 bytes = 78 MB in float32, a few
-such buffers at the peak of a slice's backward pass (BENCHMARKS.md, "Memory": 256 cost 0.3-0.4 GB more at the peak)."""
+"""Tokens (over the whole micro-batch, however many rows it has) whose logits exist at once: 128 x 151,936 x 4 bytes
+= 78 MB in float32, a few such buffers at the peak of a slice's backward pass (BENCHMARKS.md, "Memory": 256 cost
+0.3-0.4 GB more at the peak)."""
 
 Head = Callable[[torch.Tensor], torch.Tensor]
-"""Maps hidden states (B, l, H) to logits (B, l, V): the model's output layer."""
+"""Maps hidden states (..., H) to logits (..., V): the model's output layer."""
 
 
 def chosen_logprobs(
@@ -40,34 +41,108 @@ def chosen_logprobs(
 
     ``hidden`` (B, L, H) holds the final hidden states of the positions that predict ``targets``. The result equals
     ``log_softmax(head(hidden).float() / temperature).gather(targets)``, with the same gradients; the entropy is a
-    statistic and carries none. ``chunk_tokens`` defaults to ``CHUNK_TOKENS``.
+    statistic and carries none. The rows are sliced as one sequence of B x L tokens (:func:`head_statistics`).
     """
-    width = max(1, (chunk_tokens or CHUNK_TOKENS) // max(1, hidden.shape[0]))  # positions per slice
+    rows, length = targets.shape
+    logprobs, entropy, _ = head_statistics(hidden.reshape(rows * length, hidden.shape[-1]), head,
+                                           targets.reshape(-1), temperature, chunk_tokens=chunk_tokens)
+    return logprobs.view(rows, length), entropy.view(rows, length)
+
+
+def head_statistics(
+    hidden: torch.Tensor,
+    head: Head,
+    targets: torch.Tensor,
+    temperature: float,
+    *,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per token of ``hidden`` (N, H) and ``targets`` (N,): the target's log-probability under ``head(hidden) /
+    temperature`` (N,), the distribution's entropy (N,) and whether the target is its first most likely token (N,).
+
+    The head runs on ``chunk_tokens`` tokens at a time (default ``CHUNK_TOKENS``); under autograd each slice keeps
+    only its hidden states and is recomputed in the backward pass. Only the log-probabilities carry gradients. A
+    plain linear head (:func:`_plain_linear`) accumulates its weight's gradient in one buffer (:class:`_LinearHead`);
+    any other (soft-capped, adapted, sharded) is checkpointed slice by slice, each slice's weight gradient a buffer
+    of its own until it is added up: one more (V, H) tensor at the peak.
+    """
+    width = chunk_tokens or CHUNK_TOKENS
     recompute = torch.is_grad_enabled() and hidden.requires_grad
+    if recompute and hidden.shape[0] and _plain_linear(head):
+        return _LinearHead.apply(hidden, head.weight, head.bias, targets, temperature, width)
     pieces = []
-    for begin in range(0, hidden.shape[1], width):
-        piece = (hidden[:, begin : begin + width], targets[:, begin : begin + width])
+    for begin in range(0, hidden.shape[0], width):
+        piece = (hidden[begin : begin + width], targets[begin : begin + width])
         if recompute:  # keep only the slice's hidden states for backward; its logits are computed again there
             pieces.append(checkpoint(_slice, head, *piece, temperature, use_reentrant=False))
         else:
             pieces.append(_slice(head, *piece, temperature))
-    if not pieces:
-        empty = hidden.new_zeros(targets.shape, dtype=torch.float32)
-        return empty, empty
-    logprobs, entropy = zip(*pieces, strict=True)
-    return torch.cat(logprobs, dim=1), torch.cat(entropy, dim=1)
+    if not pieces:  # no tokens: empty results, still in the graph, so a loss over none of them backpropagates
+        empty = hidden.sum(-1, dtype=torch.float32)  # (0,)
+        return empty, empty.detach(), torch.zeros_like(targets, dtype=torch.bool)
+    logprobs, entropy, top1, _ = (torch.cat(column) for column in zip(*pieces, strict=True))
+    return logprobs, entropy, top1
 
 
 def _slice(head: Head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, ...]:
-    logits = head(hidden).float()  # (B, l, V): the only vocabulary-wide tensor, one slice at a time
+    logits = head(hidden).float()  # (l, V): the only vocabulary-wide tensor, one slice at a time
     if temperature != 1.0:
         logits = logits / temperature
-    norm = logits.logsumexp(-1)  # (B, l)
+    norm = logits.logsumexp(-1)  # (l,)
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - norm
-    with torch.no_grad():  # H = log Z - sum p * logits, in place: one more (B, l, V) buffer at most
+    with torch.no_grad():  # H = log Z - sum p * logits, in place: one more (l, V) buffer at most
+        top1 = logits.argmax(-1) == targets
         probs = (logits - norm.unsqueeze(-1)).exp_()
         entropy = norm - probs.mul_(logits).sum(-1)
-    return chosen, entropy
+    return chosen, entropy, top1, norm.detach()
+
+
+def _plain_linear(head: Head) -> bool:
+    """A plain ``nn.Linear`` whose whole weight is here (not sharded away, not a tensor subclass)."""
+    return (type(head) is torch.nn.Linear and type(head.weight) is torch.nn.Parameter
+            and head.weight.shape == (head.out_features, head.in_features))
+
+
+class _LinearHead(torch.autograd.Function):
+    """:func:`head_statistics` of a linear head, slice by slice, keeping only the hidden states and each token's
+    log-normaliser for the backward pass, which recomputes each slice's logits and adds its weight gradient into one
+    float32 (V, H) buffer."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, temperature: float, width: int) -> tuple[torch.Tensor, ...]:
+        pieces = [_slice(lambda h: torch.nn.functional.linear(h, weight, bias), hidden[begin : begin + width],
+                         targets[begin : begin + width], temperature) for begin in range(0, hidden.shape[0], width)]
+        chosen, entropy, top1, norm = (torch.cat(column) for column in zip(*pieces, strict=True))
+        ctx.save_for_backward(hidden, weight, bias, targets, norm)
+        ctx.temperature, ctx.width = temperature, width
+        ctx.dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        ctx.mark_non_differentiable(entropy, top1)
+        return chosen, entropy, top1
+
+    @staticmethod
+    def backward(ctx: Any, grad_chosen: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, norm = ctx.saved_tensors
+        wanted = ctx.needs_input_grad
+        grad_hidden = torch.empty_like(hidden) if wanted[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if wanted[1] else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if wanted[2] else None
+        for begin in range(0, hidden.shape[0], ctx.width):
+            rows = slice(begin, begin + ctx.width)
+            with torch.autocast("cuda", dtype=ctx.dtype, enabled=ctx.dtype is not None):  # as the forward ran
+                logits = torch.nn.functional.linear(hidden[rows], weight, bias).float() / ctx.temperature  # (l, V)
+            # d log p(target) / d logits = (onehot(target) - softmax) / temperature, times the incoming gradient
+            grad = logits.sub_(norm[rows].unsqueeze(-1)).exp_().mul_(-grad_chosen[rows].unsqueeze(-1))
+            grad.scatter_add_(-1, targets[rows].unsqueeze(-1), grad_chosen[rows].unsqueeze(-1))
+            grad.div_(ctx.temperature)
+            if grad_hidden is not None:
+                grad_hidden[rows] = (grad @ weight.float()).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t(), hidden[rows].float())
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
 
 
 MIN_SHARED_HEAD = 16

@@ -5,6 +5,9 @@ The dataset carries the trajectory's exact tokens (``input_ids``) and its loss m
 the mask into labels (-100 elsewhere), so system, user and tool tokens never carry loss, whatever the chat template.
 Text-only rows (no tokens) fall back to TRL's conversational path, which needs ``{% generation %}`` markers.
 
+The loss is computed from the final hidden states, the output head run on a bounded slice of the trained tokens at a
+time (:class:`SlicedLossTrainer`): no (batch, length, vocabulary) tensor, so memory grows with the length alone.
+
 Rows with images (an ``images`` column, see :func:`trajlab.data.datasets.sft_dataset`) train through
 :class:`ImageCollator`: the same padding and labels, plus the image inputs the sampler gave the model for the same
 placeholders, so SFT on a vision-language model is token- and pixel-exact.
@@ -28,9 +31,11 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from trajlab.config import SFTSettings
 from trajlab.inference.pixels import image_inputs
+from trajlab.models.devices import release_freed_memory
 from trajlab.rollout.images import decode_png
 from trajlab.tracking import Trackers
 from trajlab.train.checkpoints import MetricsLog, save_final
+from trajlab.train.logprobs import head_statistics, output_head
 from trajlab.train.lora import lora_config
 from trajlab.train.optim import MasterWeightAdamW, needs_master_weights
 
@@ -112,6 +117,63 @@ class ImageCollator:
         return batch | image_inputs(self.model, self.processor, images, batch["input_ids"])
 
 
+def sliced_sft_loss(model: torch.nn.Module, inputs: Mapping[str, Any],
+                    num_items_in_batch: torch.Tensor | int | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The mean negative log-likelihood of a batch's labelled tokens (``labels`` not -100), over
+    ``num_items_in_batch`` when given (the tokens of the whole accumulated batch, as TRL divides) or the batch's own
+    count; and the sums its metrics need (``entropy``, ``correct``: top-1 predictions, ``tokens``).
+
+    The model returns its final hidden states; only the labelled positions go through the output head, a slice at a
+    time (:func:`head_statistics`), so no (B, T, V) logits exist. Other inputs (image inputs) reach the model as given.
+    """
+    labels = inputs["labels"][:, 1:]  # (B, T - 1): position t predicts token t + 1
+    kept = labels != -100
+    forward = {name: value for name, value in inputs.items() if name not in ("labels", "use_cache")}
+    hidden = model(**forward, use_cache=False, logits_to_keep=1, output_hidden_states=True).hidden_states[-1]
+    logprobs, entropy, top1 = head_statistics(hidden[:, :-1][kept], output_head(model), labels[kept], 1.0)  # (N,)
+    count = kept.sum() if num_items_in_batch is None else num_items_in_batch
+    loss = -logprobs.sum() / torch.as_tensor(count, device=logprobs.device).clamp(min=1)
+    return loss, {"entropy": entropy.sum(), "correct": top1.sum(), "tokens": kept.sum()}
+
+
+class SlicedLossTrainer(SFTTrainer):
+    """TRL's SFTTrainer with its negative log-likelihood computed by :func:`sliced_sft_loss`: the same loss, the same
+    normalisation and metrics, from bounded slices of the labelled tokens.
+
+    TRL's own fused head scores every position (on a CPU, in tiles of 4,096 tokens x 32,768 vocabulary entries, half
+    a gigabyte each in float32); this scores only the labelled ones, 128 tokens at a time. Losses this does not
+    compute (label smoothing, DFT, a custom loss function, a mixture of experts' auxiliary loss, outputs asked for
+    in evaluation) stay TRL's.
+    """
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        own = (self.args.loss_type == "nll" and self.compute_loss_func is None and self.label_smoother is None
+               and not self.aux_loss_enabled and not return_outputs)
+        if not own:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, sums = sliced_sft_loss(model, inputs, num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:  # as TRL: DDP averages
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        mode = "train" if self.model.training else "eval"
+        gathered = {name: self.accelerator.gather_for_metrics(value.detach()).sum() for name, value in sums.items()}
+        tokens = gathered["tokens"].clamp(min=1)
+        self._metrics[mode]["entropy"].append((gathered["entropy"] / tokens).item())
+        self._metrics[mode]["mean_token_accuracy"].append((gathered["correct"] / tokens).item())
+        if mode == "train" and "attention_mask" in inputs:
+            seen = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
+            self._total_train_tokens += seen // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        return loss
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """TRL's forward and backward pass, then the pages they freed back to the system before the optimizer step
+        allocates (:func:`release_freed_memory`)."""
+        loss = super().training_step(*args, **kwargs)
+        release_freed_memory()
+        return loss
+
+
 def training_columns(dataset: Dataset) -> Dataset:
     """Keep what TRL trains on: token columns (and images, as undecoded PNG bytes) when present, else the
     conversation.
@@ -165,7 +227,7 @@ def train_sft(
     model.train()
     arguments = _trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
                                    conversational="input_ids" not in dataset.column_names, bar=on_progress is None)
-    trainer = SFTTrainer(
+    trainer = SlicedLossTrainer(
         model=model,
         args=arguments,
         optimizer_cls_and_kwargs=_master_weight_optimizer(arguments, model, settings),

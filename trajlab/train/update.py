@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 from trajlab.config import RLSettings
+from trajlab.models.devices import release_freed_memory
 from trajlab.rollout.types import Trajectory
 from trajlab.train.batches import by_rollout, padded_batch
 from trajlab.train.logprobs import token_logprobs, unwrap
@@ -80,6 +81,7 @@ class PolicyUpdate:
                                      [trainer_logprobs[i] for i in chosen] if correct else None)
                 stats = policy_loss(self.policy, self.reference, batch, self.settings, normaliser, self.processor)
                 self.accelerator.backward(stats.pop("loss_tensor") * (weight * self.accelerator.num_processes))
+                release_freed_memory()  # the pass's activations and slices, freed but kept by the C heap
                 if not weight:  # a pass that only keeps the processes in step
                     continue
                 if not correct and steps == 0:  # the weights that sampled: the mismatch is the engines' difference
