@@ -221,17 +221,21 @@ class HFGenerator(BatchingGenerator):
         return result
 
 
-class _ReleaseFreedMemory(LogitsProcessor):
-    """Every ``every`` steps, the heap's freed pages back to the system (:func:`release_freed_memory`): each step
-    frees (B, V) logits buffers between the key/value states it grows, and without trimming a 256-token turn of 16
-    rows on Qwen3's vocabulary kept about 1 GB resident."""
+TRIM_EVERY_STEPS = 16
+"""Generation steps between two trims of the C heap (:class:`_ReleaseFreedMemory`)."""
 
-    def __init__(self, every: int = 16) -> None:
-        self.every, self.steps = every, 0
+
+class _ReleaseFreedMemory(LogitsProcessor):
+    """Every ``TRIM_EVERY_STEPS`` steps, the heap's freed pages back to the system (:func:`release_freed_memory`):
+    each step frees (B, V) logits buffers between the key/value states it grows, and without trimming a 256-token turn
+    of 16 rows on Qwen3's vocabulary kept about 1 GB resident."""
+
+    def __init__(self) -> None:
+        self.steps = 0
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self.steps += 1
-        if self.steps % self.every == 0:
+        if self.steps % TRIM_EVERY_STEPS == 0:
             release_freed_memory()
         return scores
 
