@@ -23,16 +23,8 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # benchmarks/, after this folder: _latency, rl_memory...
 
-# Qwen3's published shapes (config.json of Qwen/Qwen3-0.6B and Qwen/Qwen3-1.7B); the weights are random.
-QWEN3 = {
-    "qwen3-0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
-    "qwen3-1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128},
-}
-QWEN3_VOCAB = 151_936
-QWEN3_SHARED = {"max_position_embeddings": 40_960, "rope_theta": 1_000_000.0,
-                "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim")
 SMOKE_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16}
 
@@ -44,8 +36,8 @@ class Scale:
     smoke: bool
     device: str
     arch: str
-    shape: dict[str, int]
-    vocab_size: int  # Qwen3's on the GPU; above the tiny tokenizer's in the smoke run too, so unseen ids exist
+    shape: dict[str, int]  # the architecture's sizes: the published ones on the GPU, tiny widths in the smoke run
+    vocab_size: int  # Qwen3's full one (151,936) in both runs, with its real tokenizer
     repeats: int  # timed repetitions after one warm-up; the median is reported
     warm_start_steps: int  # SFT steps on reference demos, so the random model writes tool calls
     warm_start_lr: float
@@ -63,7 +55,11 @@ class Scale:
 
     @classmethod
     def full(cls, arch: str = "qwen3-0.6b") -> Scale:
-        return cls(smoke=False, device="cuda", arch=arch, shape=QWEN3[arch], vocab_size=QWEN3_VOCAB, repeats=3,
+        from trajlab.models.archs import ARCHS
+
+        config = ARCHS[arch].config
+        return cls(smoke=False, device="cuda", arch=arch, shape={key: config[key] for key in SHAPE_KEYS},
+                   vocab_size=config["vocab_size"], repeats=3,
                    warm_start_steps=150, warm_start_lr=1e-3,
                    tasks_per_step=8, group_size=8, max_turns=4, max_new_tokens=256,
                    tool_latency_s=0.5, step_tool_latency_s=0.05, async_steps=4,
@@ -71,8 +67,8 @@ class Scale:
 
     @classmethod
     def for_smoke(cls) -> Scale:
-        return cls(smoke=True, device="cpu", arch="smoke", shape=SMOKE_SHAPE, vocab_size=2048, repeats=3,
-                   warm_start_steps=80, warm_start_lr=1e-2,
+        return cls(smoke=True, device="cpu", arch="qwen3-0.6b", shape=SMOKE_SHAPE, vocab_size=151_936, repeats=3,
+                   warm_start_steps=10, warm_start_lr=1e-2,
                    tasks_per_step=2, group_size=2, max_turns=3, max_new_tokens=32,
                    tool_latency_s=0.05, step_tool_latency_s=0.01, async_steps=3,
                    rollout_batch=4, rollout_prompt=32, sft_tokens=256, update_tokens=(128, 256))
@@ -80,6 +76,11 @@ class Scale:
     @property
     def dtype(self) -> str:
         return "float32" if self.smoke else "bfloat16"
+
+    @property
+    def name(self) -> str:
+        """The model's folder name in the work directory."""
+        return f"{self.arch}-smoke" if self.smoke else self.arch
 
 
 def scale_from_json(text: str) -> Scale:
@@ -92,26 +93,28 @@ def scale_from_json(text: str) -> Scale:
 
 
 def build_random_model(scale: Scale, out: Path, seed: int = 0) -> Path:
-    """A randomly initialised Qwen3 of ``scale``'s shape and vocabulary (Qwen3's full one on the GPU), saved in
-    ``scale.dtype`` with the tiny offline tokenizer (its ids are a prefix of the vocabulary; the rest are never seen
-    in training data). Cached: an existing directory is reused."""
+    """A randomly initialised twin of ``scale.arch`` (``trajlab model init --arch``): its config, stop tokens and real
+    Qwen3 tokenizer and chat template, at ``scale.shape``'s sizes (tiny widths in the smoke run, the vocabulary
+    always full), saved in ``scale.dtype``. Cached: an existing directory is reused."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from trajlab.models.loading import load_tokenizer
-    from trajlab.models.tiny import init_tiny_model, save_tiny_model
+    from trajlab.models.archs import arch, arch_config
+    from trajlab.models.families import export_family
 
     if (out / "config.json").exists():
         return out
-    tiny = init_tiny_model(out.parent / "tiny-tokenizer-source", seed=seed, overwrite=True)
-    tokenizer = load_tokenizer(tiny)
-    config = Qwen3Config(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, vocab_size=scale.vocab_size, **QWEN3_SHARED,
-                         **scale.shape)
+    config = arch_config(scale.arch, layers=scale.shape["num_hidden_layers"])  # its layer types follow the depth
+    for key, value in scale.shape.items():
+        setattr(config, key, value)
+    config.dtype = getattr(torch, scale.dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(getattr(torch, scale.dtype))
-    return save_tiny_model(model, tokenizer, tokenizer, out)
+        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
+    model.generation_config = GenerationConfig(**arch(scale.arch).generation)
+    model.save_pretrained(out)
+    export_family(arch(scale.arch).family, out)
+    return out
 
 
 def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
@@ -121,10 +124,10 @@ def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
     from trajlab.data.store import read_trajectories
     from trajlab.env.builtin.arithmetic import SPEC
 
-    out = work / f"{scale.arch}-warm{scale.warm_start_steps}"
+    out = work / f"{scale.name}-warm{scale.warm_start_steps}"
     if (out / "config.json").exists():
         return out
-    base = build_random_model(scale, work / f"{scale.arch}-random", seed)
+    base = build_random_model(scale, work / f"{scale.name}-random", seed)
     demos = work / "warm-start-demos.jsonl"
     if not demos.exists():
         trajlab.collect(SPEC, "oracle", out=demos, episodes=400, seed=seed + 1, tokenizer=str(base),
@@ -132,7 +135,7 @@ def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
     progress(f"warm start: {scale.warm_start_steps} SFT steps on {demos.name}")
     run = work / f"warm-start-run-{scale.warm_start_steps}"
     trajlab.sft(str(base), list(read_trajectories(demos)), run, device=scale.device,
-                dtype="float32", max_steps=scale.warm_start_steps, batch_size=16, warmup_steps=10, save_steps=10**9,
+                dtype=scale.dtype, max_steps=scale.warm_start_steps, batch_size=16, warmup_steps=10, save_steps=10**9,
                 learning_rate=scale.warm_start_lr)
     _save_as(run / "final", out, scale.dtype)
     return out

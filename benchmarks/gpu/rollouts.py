@@ -65,11 +65,11 @@ TRAJLAB_TARGET = 1.2  # trajlab's batch within this many times the floor's
 
 
 def _prompts(tokenizer: Any, scale: Scale) -> list[list[int]]:
-    """The same random prompts on every side (ids 3 and up: past pad, bos and eos of the tiny tokenizer)."""
+    """The same random prompts on every side: ordinary tokens only (below the special tokens' ids)."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(3, len(tokenizer), (scale.rollout_prompt,), generator=generator).tolist()
+    return [torch.randint(0, tokenizer.vocab_size, (scale.rollout_prompt,), generator=generator).tolist()
             for _ in range(scale.rollout_batch)]
 
 
@@ -190,7 +190,7 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
     model is built here, not in :func:`measure`, whose interpreter then never imports torch."""
     import torch
 
-    model_dir = build_random_model(scale, work / f"{scale.arch}-random")  # cached after the first side
+    model_dir = build_random_model(scale, work / f"{scale.name}-random")  # cached after the first side
     torch.manual_seed(0)
     if scale.smoke:  # on a busy 2-core CPU two OpenMP threads stop spin-waiting: the tiny model's steps take ~10x
         torch.set_num_threads(1)

@@ -1,10 +1,11 @@
 """SFT tokens per second and peak GPU memory: ``trajlab.sft`` against TRL's ``SFTTrainer``, which it runs.
 
-trajlab's SFT on token rows *is* TRL's SFTTrainer (``trajlab/train/sft.py``): the same pre-tokenized rows
-(``input_ids`` with ``assistant_masks``, which TRL turns into labels), TRL's default collator and TRL's own loss (its
-fused, chunked LM head). trajlab adds configuration and callbacks: no truncation (``max_length=None``), its
-learning-rate schedule, activation checkpointing off by default (TRL's default: on), its metrics and progress
-callbacks. So the rows measure those choices, not a second implementation:
+trajlab's SFT on token rows runs TRL's SFTTrainer (``trajlab/train/sft.py``) on the same pre-tokenized rows
+(``input_ids`` with ``assistant_masks``, which TRL turns into labels) with TRL's default collator, but computes the
+loss itself (``SlicedLossTrainer``: the same negative log-likelihood from the hidden states, 128 labelled tokens at
+a time, where TRL's fused head scores every position). trajlab adds configuration and callbacks too: no truncation
+(``max_length=None``), its learning-rate schedule, activation checkpointing off by default (TRL's default: on), its
+metrics and progress callbacks. So the rows measure those choices and the loss:
 
 - ``trl``: SFTTrainer with its defaults, given only what both sides share: the rows, batch size, learning rate, step
   count, the weights' dtype (``model_init_kwargs``; TRL's own default is float32) and ``max_length=None`` (TRL's
@@ -127,7 +128,7 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
     """One side's steps in this interpreter: the median step, tokens per second and peak memory."""
     from trajlab.models.loading import load_tokenizer
 
-    model_dir = build_random_model(scale, work / f"{scale.arch}-random")
+    model_dir = build_random_model(scale, work / f"{scale.name}-random")
     rows = training_rows(scale, len(load_tokenizer(model_dir)))
     clock = StepClock(scale.device, 1 + scale.repeats)
     out = work / f"sft-{side}"
@@ -184,9 +185,10 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {label} | {'on' if r['checkpointing'] else 'off'} | {r['dtype']} | {r['median_step_s']:.3f} | "
                      f"{r['tokens_per_s']:,.0f} | {versus} | {r['peak_gb']:.2f} | {r['peak_with_warmup_gb']:.2f} | "
                      f"{r['seconds']:.0f} |")
-    lines += ["", "trajlab's SFT on token rows is TRL's SFTTrainer with trajlab's configuration and callbacks (same "
-              "collator, same loss): the `trajlab` row matches TRL's activation checkpointing, so any gap is "
-              "trajlab's overhead; `own defaults` shows what trajlab's default (checkpointing off) trades. "
+    lines += ["", "trajlab's SFT on token rows is TRL's SFTTrainer with trajlab's configuration, callbacks and loss "
+              "(the same collator; the same loss computed from the hidden states in slices of 128 labelled tokens): "
+              "the `trajlab` row matches TRL's activation checkpointing, so the gap is the loss and trajlab's "
+              "overhead; `own defaults` shows what trajlab's default (checkpointing off) trades. "
               "On a CPU the peaks are the process's peak RSS."]
     return "\n".join(lines)
 
