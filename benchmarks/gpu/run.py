@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     scale = Scale.for_smoke() if args.smoke else Scale.full(args.arch)
     out = args.out.resolve()
     work = (args.work_dir or out / "work").resolve()
+    out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": commit(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(),

@@ -132,3 +132,33 @@ def test_sliced_loss_equals_the_full_logits_loss_and_trls_with_the_same_gradient
     metrics = trainer._metrics["train"]  # sliced, then TRL's, per count: the same entropy and accuracy
     for name in ("entropy", "mean_token_accuracy"):
         assert metrics[name][0] == pytest.approx(metrics[name][1], abs=1e-4), name
+
+
+def test_sliced_loss_of_a_bfloat16_model_under_the_trainers_mixed_precision(tiny_model_dir, tiny_tokenizer,
+                                                                             tiny_template):
+    """With bf16 on (as SFT runs on a GPU), accelerate wraps the model's forward in autocast and returns its outputs
+    in float32: the head must run under the same autocast, as TRL's inside the forward does (seen on an H200: a
+    float32 hidden state met the bfloat16 head)."""
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    from trajlab.train.sft import SlicedLossTrainer
+
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template, n=4), include_failures=False,
+                          shortest_per_task=False)
+    model = load_model(tiny_model_dir, dtype="bfloat16").train()
+    trainer = SlicedLossTrainer(model=model, args=SFTConfig(output_dir="/tmp/unused-sft", report_to="none",
+                                                            max_length=None, per_device_train_batch_size=4,
+                                                            use_cpu=True, bf16=True),
+                                train_dataset=dataset.select_columns(["input_ids", "assistant_masks"]),
+                                processing_class=tiny_tokenizer)
+    model = trainer.accelerator.prepare_model(model)  # as train() does: forward under autocast, outputs in float32
+    batch = next(iter(trainer.get_train_dataloader()))
+    sliced = trainer.compute_loss(model, dict(batch))
+    sliced.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and g.dtype == torch.bfloat16 and torch.isfinite(g).all() for g in grads)
+    model.zero_grad()
+    with trainer.accelerator.autocast():
+        trl = SFTTrainer.compute_loss(trainer, model, dict(batch))
+    assert sliced.item() == pytest.approx(trl.item(), rel=2e-2)

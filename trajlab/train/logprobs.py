@@ -116,7 +116,9 @@ class _LinearHead(torch.autograd.Function):
         chosen, entropy, top1, norm = (torch.cat(column) for column in zip(*pieces, strict=True))
         ctx.save_for_backward(hidden, weight, bias, targets, norm)
         ctx.temperature, ctx.width = temperature, width
-        ctx.dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+        ctx.device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(ctx.device_type)
+        ctx.dtype = torch.get_autocast_dtype(ctx.device_type) if autocast else None
         ctx.mark_non_differentiable(entropy, top1)
         return chosen, entropy, top1
 
@@ -129,7 +131,7 @@ class _LinearHead(torch.autograd.Function):
         grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if wanted[2] else None
         for begin in range(0, hidden.shape[0], ctx.width):
             rows = slice(begin, begin + ctx.width)
-            with torch.autocast("cuda", dtype=ctx.dtype, enabled=ctx.dtype is not None):  # as the forward ran
+            with torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.dtype is not None):  # as forward ran
                 logits = torch.nn.functional.linear(hidden[rows], weight, bias).float() / ctx.temperature  # (l, V)
             # d log p(target) / d logits = (onehot(target) - softmax) / temperature, times the incoming gradient
             grad = logits.sub_(norm[rows].unsqueeze(-1)).exp_().mul_(-grad_chosen[rows].unsqueeze(-1))

@@ -152,7 +152,8 @@ class SlicedLossTrainer(SFTTrainer):
                and not self.aux_loss_enabled and not return_outputs)
         if not own:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        loss, sums = sliced_sft_loss(model, inputs, num_items_in_batch)
+        with self.accelerator.autocast():  # mixed precision runs only the forward under autocast: the head here too
+            loss, sums = sliced_sft_loss(model, inputs, num_items_in_batch)
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:  # as TRL: DDP averages
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())
         mode = "train" if self.model.training else "eval"
