@@ -248,6 +248,10 @@ class RLSettings(TrainingSettings):
     """Rollouts per optimizer step (None: the whole step's batch, one optimizer step per epoch)."""
     micro_batch_size: int = Field(16, ge=1)
     """Rollouts per forward/backward pass; gradients accumulate up to ``minibatch_size`` (a memory knob only)."""
+    micro_batch_tokens: int | None = Field(None, ge=1)
+    """At most this many padded tokens (rollouts x the longest one's length) per forward/backward pass, on top of
+    ``micro_batch_size`` (None: rollouts alone decide). Activation memory follows tokens: long multi-turn rollouts
+    need this to keep the update's peak bounded (a memory knob only; a longer rollout runs alone)."""
     warmup_steps: int = Field(0, ge=0)
     """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"

@@ -9,6 +9,26 @@ import torch
 from trajlab.rollout.types import Trajectory
 
 
+def rollout_lengths(trajectories: list[Trajectory], indices: list[int]) -> dict[int, int]:
+    """Each indexed rollout's sequence length (prompt and completion tokens): what its row in a batch spans."""
+    return {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids) for i in indices}
+
+
+def micro_batches(order: list[int], lengths: dict[int, int], rows: int, tokens: int | None) -> list[list[int]]:
+    """``order`` (rollout indices, sorted by length so padding stays small) cut into consecutive micro-batches of at
+    most ``rows`` rollouts and, with ``tokens``, at most that many padded tokens (rows x the longest row's length):
+    activation memory follows tokens, not rollouts. A rollout longer than ``tokens`` goes alone."""
+    batches: list[list[int]] = []
+    for index in order:
+        current = batches[-1] if batches else []
+        width = max([lengths[index], *(lengths[i] for i in current)])
+        if current and len(current) < rows and (tokens is None or (len(current) + 1) * width <= tokens):
+            current.append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
 def padded_batch(
     trajectories: list[Trajectory],
     advantages: list[list[float]],

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from trajlab.config import RLSettings
 from trajlab.models.devices import release_freed_memory
 from trajlab.rollout.types import Trajectory
-from trajlab.train.batches import by_rollout, padded_batch
+from trajlab.train.batches import by_rollout, micro_batches, padded_batch, rollout_lengths
 from trajlab.train.logprobs import token_logprobs, unwrap
 from trajlab.train.loss import loss_normaliser, policy_loss
 from trajlab.train.mismatch import MismatchSums
@@ -62,8 +62,7 @@ class PolicyUpdate:
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:
             return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
-        lengths = {i: len(trajectories[i].tokens.prompt_ids) + len(trajectories[i].tokens.completion_ids)
-                   for i in usable}
+        lengths = rollout_lengths(trajectories, usable)
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
         # gradient without a KL term: skip its forward and backward (and its recomputed logprobs). Normalisers still
         # count it: the same step.
@@ -75,7 +74,7 @@ class PolicyUpdate:
         for minibatch in self._minibatches(usable, lengths, shuffle_seed):
             normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
                                          self.token_budget)
-            for chosen, weight in self._dealt([i for i in minibatch if i not in silent]):
+            for chosen, weight in self._dealt([i for i in minibatch if i not in silent], lengths):
                 batch = padded_batch([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen],
                                      self.pad_id, self.accelerator.device,
                                      [trainer_logprobs[i] for i in chosen] if correct else None)
@@ -110,11 +109,11 @@ class PolicyUpdate:
                             for start in range(0, len(order), per_step)]
         return minibatches
 
-    def _dealt(self, trained: list[int]) -> list[tuple[list[int], float]]:
+    def _dealt(self, trained: list[int], lengths: dict[int, int]) -> list[tuple[list[int], float]]:
         """This process's micro-batches of a minibatch (round-robin), each with its weight: 0 for a stand-in pass
         where the process has none left while others still do."""
-        size, processes = self.settings.micro_batch_size, self.accelerator.num_processes
-        micro = [trained[first : first + size] for first in range(0, len(trained), size)]
+        processes = self.accelerator.num_processes
+        micro = micro_batches(trained, lengths, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
         dealt = []
         for turn in range(math.ceil(len(micro) / processes)):
             index = turn * processes + self.accelerator.process_index
@@ -150,8 +149,9 @@ class PolicyUpdate:
         model.eval()
         out: dict[int, list[float]] = {}
         try:
-            for first in range(0, len(order), self.settings.micro_batch_size):
-                chosen = order[first : first + self.settings.micro_batch_size]
+            lengths = rollout_lengths(trajectories, order)
+            for chosen in micro_batches(order, lengths, self.settings.micro_batch_size,
+                                        self.settings.micro_batch_tokens):
                 rows = [trajectories[i] for i in chosen]
                 batch = padded_batch(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows], self.pad_id,
                                      self.accelerator.device)
