@@ -79,6 +79,7 @@ class Shape:
     dtype: str = "float32"  # what the model is loaded and trained in, by both
     budget_s: float | None = None  # a worker stops after the first step past this many seconds (at least 2 steps)
     tool_latency_s: float = 0.0  # every tool call sleeps this long first
+    micro_batch_tokens: int | None = None  # trajlab's update: padded tokens per forward/backward (None: by rollouts)
 
     @property
     def rollouts(self) -> int:
@@ -163,7 +164,7 @@ def trajlab_settings(shape: Shape, **changes: Any) -> tuple[RLSettings, RolloutS
         "steps": shape.total_steps, "tasks_per_step": shape.tasks_per_step, "group_size": shape.group_size,
         "estimator": "grpo", "credit": "trajectory", "rewards": {"env": 1.0}, "learning_rate": shape.learning_rate,
         "temperature": 1.0, "kl_coef": 0.0, "epochs_per_step": 1, "minibatch_size": shape.rollouts,
-        "save_steps": 10**9, **changes,
+        "save_steps": 10**9, "micro_batch_tokens": shape.micro_batch_tokens, **changes,
     })
     rollout = RolloutSettings(max_turns=shape.max_turns, max_new_tokens=shape.max_new_tokens,
                               max_episode_tokens=4096, concurrency=shape.rollouts)

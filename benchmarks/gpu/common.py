@@ -36,8 +36,8 @@ class Scale:
     smoke: bool
     device: str
     arch: str
-    shape: dict[str, int]  # the architecture's sizes: the published ones on the GPU, tiny widths in the smoke run
-    vocab_size: int  # Qwen3's full one (151,936) in both runs, with its real tokenizer
+    shape: dict[str, int]  # the architecture's sizes: the published ones on the GPU, a 64-wide Qwen3 in the smoke run
+    vocab_size: int  # Qwen3's, with its real tokenizer, on the GPU; above the tiny tokenizer's in the smoke run
     repeats: int  # timed repetitions after one warm-up; the median is reported
     warm_start_steps: int  # SFT steps on reference demos, so the random model writes tool calls
     warm_start_lr: float
@@ -60,15 +60,15 @@ class Scale:
         config = ARCHS[arch].config
         return cls(smoke=False, device="cuda", arch=arch, shape={key: config[key] for key in SHAPE_KEYS},
                    vocab_size=config["vocab_size"], repeats=3,
-                   warm_start_steps=150, warm_start_lr=1e-3,
+                   warm_start_steps=100, warm_start_lr=1e-3,
                    tasks_per_step=8, group_size=8, max_turns=4, max_new_tokens=256,
                    tool_latency_s=0.5, step_tool_latency_s=0.05, async_steps=4,
                    rollout_batch=64, rollout_prompt=256, sft_tokens=4096, update_tokens=(2048, 8192, 32768))
 
     @classmethod
     def for_smoke(cls) -> Scale:
-        return cls(smoke=True, device="cpu", arch="qwen3-0.6b", shape=SMOKE_SHAPE, vocab_size=151_936, repeats=3,
-                   warm_start_steps=10, warm_start_lr=1e-2,
+        return cls(smoke=True, device="cpu", arch="smoke", shape=SMOKE_SHAPE, vocab_size=2048, repeats=3,
+                   warm_start_steps=80, warm_start_lr=1e-2,
                    tasks_per_step=2, group_size=2, max_turns=3, max_new_tokens=32,
                    tool_latency_s=0.05, step_tool_latency_s=0.01, async_steps=3,
                    rollout_batch=4, rollout_prompt=32, sft_tokens=256, update_tokens=(128, 256))
@@ -76,11 +76,6 @@ class Scale:
     @property
     def dtype(self) -> str:
         return "float32" if self.smoke else "bfloat16"
-
-    @property
-    def name(self) -> str:
-        """The model's folder name in the work directory."""
-        return f"{self.arch}-smoke" if self.smoke else self.arch
 
 
 def scale_from_json(text: str) -> Scale:
@@ -93,20 +88,23 @@ def scale_from_json(text: str) -> Scale:
 
 
 def build_random_model(scale: Scale, out: Path, seed: int = 0) -> Path:
-    """A randomly initialised twin of ``scale.arch`` (``trajlab model init --arch``): its config, stop tokens and real
-    Qwen3 tokenizer and chat template, at ``scale.shape``'s sizes (tiny widths in the smoke run, the vocabulary
-    always full), saved in ``scale.dtype``. Cached: an existing directory is reused."""
+    """A randomly initialised model of ``scale``, saved in ``scale.dtype``. On the GPU, a twin of ``scale.arch``
+    (``trajlab model init --arch``): its config, stop tokens, real Qwen3 tokenizer and chat template. In the smoke run,
+    a 64-wide Qwen3 with the tiny offline tokenizer (its ids a prefix of the vocabulary), whose short sequences and
+    small vocabulary let a CPU teach it tool calls in a minute. Cached: an existing directory is reused."""
+    if (out / "config.json").exists():
+        return out
+    return _smoke_model(scale, out, seed) if scale.smoke else _twin_model(scale, out, seed)
+
+
+def _twin_model(scale: Scale, out: Path, seed: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from trajlab.models.archs import arch, arch_config
     from trajlab.models.families import export_family
 
-    if (out / "config.json").exists():
-        return out
-    config = arch_config(scale.arch, layers=scale.shape["num_hidden_layers"])  # its layer types follow the depth
-    for key, value in scale.shape.items():
-        setattr(config, key, value)
+    config = arch_config(scale.arch)
     config.dtype = getattr(torch, scale.dtype)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -117,6 +115,23 @@ def build_random_model(scale: Scale, out: Path, seed: int = 0) -> Path:
     return out
 
 
+def _smoke_model(scale: Scale, out: Path, seed: int) -> Path:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trajlab.models.loading import load_tokenizer
+    from trajlab.models.tiny import init_tiny_model, save_tiny_model
+
+    tiny = init_tiny_model(out.parent / "tiny-tokenizer-source", seed=seed, overwrite=True)
+    tokenizer = load_tokenizer(tiny)
+    config = Qwen3Config(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None, vocab_size=scale.vocab_size, tie_word_embeddings=True, **scale.shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(getattr(torch, scale.dtype))
+    return save_tiny_model(model, tokenizer, tokenizer, out)
+
+
 def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
     """The random model after ``scale.warm_start_steps`` of SFT on the arithmetic env's reference demonstrations,
     so that it writes parseable tool calls and RL episodes take several turns. Cached in ``work``."""
@@ -124,10 +139,10 @@ def warm_started_model(scale: Scale, work: Path, seed: int = 0) -> Path:
     from trajlab.data.store import read_trajectories
     from trajlab.env.builtin.arithmetic import SPEC
 
-    out = work / f"{scale.name}-warm{scale.warm_start_steps}"
+    out = work / f"{scale.arch}-warm{scale.warm_start_steps}"
     if (out / "config.json").exists():
         return out
-    base = build_random_model(scale, work / f"{scale.name}-random", seed)
+    base = build_random_model(scale, work / f"{scale.arch}-random", seed)
     demos = work / "warm-start-demos.jsonl"
     if not demos.exists():
         trajlab.collect(SPEC, "oracle", out=demos, episodes=400, seed=seed + 1, tokenizer=str(base),
@@ -170,15 +185,20 @@ def progress(message: str) -> None:
     print(f"[gpu-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def median_after_warmup(run: Callable[[], dict[str, float]], repeats: int, label: str) -> dict[str, Any]:
-    """One warm-up call, then ``repeats`` timed ones: the median of each number ``run`` returns, and every rep."""
+def median_after_warmup(run: Callable[[], dict[str, float]], repeats: int, label: str,
+                        budget_s: float | None = None) -> dict[str, Any]:
+    """One warm-up call, then ``repeats`` timed ones (fewer once ``budget_s`` of them have passed; at least one):
+    the median of each number ``run`` returns, and every rep."""
     progress(f"{label}: warm-up")
     warmup = run()
     reps = []
-    for index in range(repeats):
+    began = time.perf_counter()
+    while len(reps) < repeats and not (reps and budget_s is not None and time.perf_counter() - began > budget_s):
         reps.append(run())
-        progress(f"{label}: repetition {index + 1}/{repeats}: " + ", ".join(
+        progress(f"{label}: repetition {len(reps)}/{repeats}: " + ", ".join(
             f"{key} {value:.3g}" for key, value in reps[-1].items() if isinstance(value, int | float)))
+    if len(reps) < repeats:
+        progress(f"{label}: {len(reps)} of {repeats} repetitions within {budget_s:g} s")
     keys = [key for key, value in reps[0].items() if isinstance(value, int | float)]
     return {"median": {key: statistics.median(rep[key] for rep in reps) for key in keys}, "reps": reps,
             "warmup": warmup}

@@ -11,13 +11,10 @@ rollouts; trajlab runs them concurrently. That difference is part of what is mea
 (64 rollouts x ~3 calls x 0.05 s = ~10 s of TRL's step) to leave the GPU work visible; the table says how much of
 TRL's step the sleeping accounts for. ``async_rl`` measures the longer latency.
 
-Time on an H100 at full scale (qwen3-0.6b, 8 x 8 rollouts, up to 4 turns x 256 tokens, bf16), estimated, not
-measured: per worker ~15 s to start (imports, CUDA context, model load), then 4 steps. A trajlab step ~4-6 s: ~3
-turns, each batch lasting as long as its longest row, ~25 tokens at ~20 ms a decoding step where the model stops as
-its demonstrations did, plus ~0.5 s of update; a TRL step ~6-10 s (every turn re-reads each episode's history; all
-64 rollouts go through the update, with gradient checkpointing): ~15 + 20 + 15 + 35 = ~85 s. Should rows ramble to
-256 tokens a turn (~5 s a turn, ~20 s a step), ``WORKER_BUDGET_S`` cuts each worker to the warm-up and one timed
-step: ~110 s.
+Measured on an H200 (2026-11-27, BENCHMARKS.md; qwen3-0.6b with Qwen3's tokenizer, 8 x 8 rollouts, up to 4 turns x
+256 tokens, bf16): per worker ~20 s to start; a TRL step ~23 s (its warm-up 33 s), a trajlab step ~9 s (warm-up
+26 s). ``WORKER_BUDGET_S`` lets each worker run its warm-up and 3 timed steps: TRL ~125 s, trajlab ~75 s, ~200 s in
+all. The first run's budget (30 s) stopped each after one timed step.
 """
 
 from __future__ import annotations
@@ -35,7 +32,8 @@ from common import Scale, peak_gb, progress, reset_peak, warm_started_model  # n
 
 LEARNING_RATE = 1e-5  # both frameworks; timing does not depend on it
 SEED = 0
-WORKER_BUDGET_S = 30.0  # a framework's run stops after the first step past this (keeping warm-up + 1 timed step)
+MICRO_BATCH_TOKENS = 2048  # trajlab's update: at ~1.25 MB of activations a token (0.6B, no checkpointing), ~2.6 GB
+WORKER_BUDGET_S = {True: 30.0, False: 75.0}  # by scale.smoke: a framework's run stops after the first step past it
 ORDER = ("trl", "trajlab")  # the peer first
 COLUMNS = (  # (header, key, format) of base.summarize's rows
     ("framework", "framework", "{}"),
@@ -61,7 +59,7 @@ def shape_for(scale: Scale, steps: int, budget_s: float | None = None, tool_late
     return base.Shape(steps=steps, tasks_per_step=scale.tasks_per_step, group_size=scale.group_size,
                       max_new_tokens=scale.max_new_tokens, max_turns=scale.max_turns, learning_rate=LEARNING_RATE,
                       seed=SEED, device=scale.device, dtype=scale.dtype, budget_s=budget_s,
-                      tool_latency_s=tool_latency_s)
+                      tool_latency_s=tool_latency_s, micro_batch_tokens=MICRO_BATCH_TOKENS)
 
 
 def cpu_threads(scale: Scale) -> int:
@@ -80,7 +78,7 @@ def peak_since_last(device: str) -> dict[str, float]:
 def measure(scale: Scale, work: Path) -> dict[str, Any]:
     """Each framework's steps in its own interpreter (this module's ``--worker``), then their medians."""
     model = warm_started_model(scale, work)
-    shape = shape_for(scale, scale.repeats, WORKER_BUDGET_S, scale.step_tool_latency_s)
+    shape = shape_for(scale, scale.repeats, WORKER_BUDGET_S[scale.smoke], scale.step_tool_latency_s)
     runs = {}
     for framework in ORDER:
         progress(f"rl_step: {framework}, up to {shape.total_steps} steps (1 warm-up; {shape.budget_s:g} s budget) of "
@@ -118,8 +116,9 @@ def table(result: dict[str, Any]) -> str:
         "medians of the timed steps after 1 warm-up step (a run stops after the first step past "
         f"{shape['budget_s']:g} s); each framework in its own process, TRL first. "
         f"{precision(shape['dtype'], shape['device'])} TRL with its defaults otherwise: gradient checkpointing on, "
-        f"all rollouts in one forward/backward (trajlab: micro-batches of {result['micro_batch']}, no "
-        "checkpointing). Peak: the highest memory torch allocated on the GPU in a timed step (on a CPU the "
+        f"all rollouts in one forward/backward (trajlab: micro-batches of at most {result['micro_batch']} rollouts "
+        f"and {shape.get('micro_batch_tokens') or 'any number of'} padded tokens, no checkpointing). Peak: the "
+        "highest memory torch allocated on the GPU in a timed step (on a CPU the "
         "process's peak RSS, meaningless as a ratio). Turns/episode: model turns "
         "(generated rows) per rollout; with no tool calls, 1 (trajlab answers a malformed call with an error note "
         "and goes on: a further turn). Every tool call sleeps "

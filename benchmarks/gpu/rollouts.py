@@ -16,17 +16,17 @@ side's token count is checked). The sides, each alone in a fresh interpreter so 
   BENCHMARKS.md) and kept between calls (``persistent_manager``), as an RL loop would keep it. Only options present
   in transformers 5.17 and 5.23. A failure here is recorded, not raised.
 
-One warm-up batch, then ``scale.repeats`` timed ones; the median is reported, the peak memory is over all of them.
+One warm-up batch, then ``scale.repeats`` timed ones, or fewer when they pass ``REPS_BUDGET_S`` (at least one);
+the median is reported, the peak memory is over all of them.
 The physical limit: a decode step reads every weight once and the batch's key/value cache at the mean context length
 (prompt + half the new tokens): ``2 x layers x kv_heads x head_dim x dtype bytes x context x batch``; divided by the
 memory bandwidth, measured in the floor's interpreter after its batches (a device-to-device copy, bytes read +
 written over time, median of ``COPY_REPEATS``), that is the shortest a step can take.
 
-H100 estimate (0.6B, bfloat16, 64 x 256-token prompts, 256 new tokens): eager HF decode is launch-bound, ~1,400
-kernels a step, ~10-20 ms, so 3-5 s a batch. Per side ~10 s of imports, CUDA start and loading, one warm-up batch
-and 3 timed ones: ~25-30 s a side (without flash-attn, continuous batching runs sdpa and captures no CUDA graphs),
-~85 s in all; a 10 s batch would make it ~130 s. ``WORKER_TIMEOUT_S`` caps a side
-that hangs or crawls.
+Measured on an H200 (2026-11-27, BENCHMARKS.md): ~18 s a side of imports, CUDA start and loading; plain
+``generate`` and trajlab 7-10 s a batch; continuous batching a 59 s warm-up, then 28 s a batch, which took the first
+run past its budget. So the timed batches stop at ``REPS_BUDGET_S`` (continuous batching: one) and
+``WORKER_TIMEOUT_S`` caps a side that hangs or crawls: ~70 + ~65 + ~110 = ~245 s in all.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ from common import (  # noqa: E402
 
 SIDES = {"generate": "plain `model.generate` (floor)", "trajlab": "trajlab `hf` backend",
          "continuous": "transformers continuous batching"}
-WORKER_TIMEOUT_S = {True: 120.0, False: 90.0}
+WORKER_TIMEOUT_S = {True: 120.0, False: 150.0}
+REPS_BUDGET_S = 30.0  # no further timed batch starts after this many seconds of them
 COPY_BYTES = {True: 64 << 20, False: 1 << 30}  # well above the CPU's last-level cache / the H100's 50 MB L2
 COPY_REPEATS = 5
 CB_BLOCK = 256  # ContinuousBatchingConfig's default block (5.17: block_size, 5.23: page_size)
@@ -65,11 +66,12 @@ TRAJLAB_TARGET = 1.2  # trajlab's batch within this many times the floor's
 
 
 def _prompts(tokenizer: Any, scale: Scale) -> list[list[int]]:
-    """The same random prompts on every side: ordinary tokens only (below the special tokens' ids)."""
+    """The same random prompts on every side: ordinary tokens only (no special or added ones)."""
     import torch
 
+    ordinary = torch.tensor(sorted(set(range(tokenizer.vocab_size)) - set(tokenizer.all_special_ids)))
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(0, tokenizer.vocab_size, (scale.rollout_prompt,), generator=generator).tolist()
+    return [ordinary[torch.randint(0, len(ordinary), (scale.rollout_prompt,), generator=generator)].tolist()
             for _ in range(scale.rollout_batch)]
 
 
@@ -162,7 +164,7 @@ def _continuous_side(scale: Scale, model_dir: Path) -> tuple[Any, Callable[[], d
 
 def _median_of_batches(run: Callable[[], dict[str, float]], scale: Scale, label: str) -> dict[str, Any]:
     """``common.median_after_warmup`` over whole batches, flattened for the table."""
-    measured = median_after_warmup(run, scale.repeats, label)
+    measured = median_after_warmup(run, scale.repeats, label, budget_s=REPS_BUDGET_S)
     return {"seconds": measured["median"]["seconds"], "tokens": measured["warmup"]["tokens"],
             "reps_s": [rep["seconds"] for rep in measured["reps"]], "warmup_s": measured["warmup"]["seconds"]}
 
@@ -190,7 +192,7 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
     model is built here, not in :func:`measure`, whose interpreter then never imports torch."""
     import torch
 
-    model_dir = build_random_model(scale, work / f"{scale.name}-random")  # cached after the first side
+    model_dir = build_random_model(scale, work / f"{scale.arch}-random")  # cached after the first side
     torch.manual_seed(0)
     if scale.smoke:  # on a busy 2-core CPU two OpenMP threads stop spin-waiting: the tiny model's steps take ~10x
         torch.set_num_threads(1)

@@ -128,7 +128,7 @@ def worker(side: str, scale: Scale, work: Path) -> dict[str, Any]:
     """One side's steps in this interpreter: the median step, tokens per second and peak memory."""
     from trajlab.models.loading import load_tokenizer
 
-    model_dir = build_random_model(scale, work / f"{scale.name}-random")
+    model_dir = build_random_model(scale, work / f"{scale.arch}-random")
     rows = training_rows(scale, len(load_tokenizer(model_dir)))
     clock = StepClock(scale.device, 1 + scale.repeats)
     out = work / f"sft-{side}"

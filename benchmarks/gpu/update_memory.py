@@ -86,7 +86,7 @@ def worker(tokens: int, scale: Scale, work: Path) -> dict[str, Any]:
 
     from trajlab.models.loading import load_model
 
-    model_dir = build_random_model(scale, work / f"{scale.name}-random")
+    model_dir = build_random_model(scale, work / f"{scale.arch}-random")
     model = load_model(model_dir, device=scale.device, dtype=scale.dtype).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     results = {}
