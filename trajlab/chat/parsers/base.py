@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -161,3 +161,45 @@ def split_reasoning(text: str, prefix: str) -> tuple[str | None, str, str | None
     if CALL_OPEN in body:
         error = f"A tool call was written inside an unclosed {THINK_OPEN} block; close it with {THINK_CLOSE} first."
     return body.strip(), "", error
+
+
+# ------------------------------------------------------------------------------------------- `<tool_call>` blocks
+
+BlockReader = Callable[[str, int, int], tuple["ToolCall | str", int]]
+"""Parses the block whose body starts at a position of a text, given the call's 1-based index: the call or an error
+for the model, and the position after the block."""
+
+
+def scan_call_blocks(text: str, call_format: str, read: BlockReader) -> tuple[list[str], list[ToolCall], list[str]]:
+    """Every `<tool_call>` block of ``text``, each body parsed by ``read``: the content between blocks, the calls,
+    and one error per malformed block or stray closing tag (each ending with ``call_format``), in order."""
+    parts: list[str] = []
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    pos = index = 0
+    while (start := text.find(CALL_OPEN, pos)) != -1:
+        parts.append(_outside_blocks(text[pos:start], errors, call_format))
+        index += 1
+        result, pos = read(text, start + len(CALL_OPEN), index)
+        (calls if isinstance(result, ToolCall) else errors).append(result)
+    parts.append(_outside_blocks(text[pos:], errors, call_format))
+    return parts, calls, errors
+
+
+def _outside_blocks(piece: str, errors: list[str], call_format: str) -> str:
+    if CALL_CLOSE in piece:  # a call whose opener is missing would otherwise vanish into the content
+        errors.append(f"Found {CALL_CLOSE} without a matching {CALL_OPEN} before it: {snippet(piece)}. "
+                      f"Write each call as {call_format}")
+    return piece
+
+
+def closed_block(text: str, start: int, index: int, call_format: str) -> tuple[str | None, str | None, int]:
+    """The body of the block whose body starts at ``start``, up to its closing tag: ``(body, None, position after
+    the tag)``; or, never closed before the next block or the end, ``(None, error, where the next block starts)``."""
+    reopen = text.find(CALL_OPEN, start)
+    close = text.find(CALL_CLOSE, start, len(text) if reopen == -1 else reopen)
+    if close == -1:
+        stop = len(text) if reopen == -1 else reopen
+        return None, (f"Tool call {index} was opened with {CALL_OPEN} but never closed with {CALL_CLOSE}: "
+                      f"{snippet(text[start:stop])}. Write each call as {call_format}"), stop
+    return text[start:close], None, close + len(CALL_CLOSE)

@@ -17,8 +17,10 @@ from trajlab.chat.parsers.base import (
     SPACE,
     ParsedResponse,
     ToolCall,
+    closed_block,
     join_content,
     markers_for,
+    scan_call_blocks,
     snippet,
     split_reasoning,
     strip_markers,
@@ -39,31 +41,13 @@ class HermesParser:
 
     def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         reasoning, rest, think_error = split_reasoning(text, prefix)
-        parts: list[str] = []
-        calls: list[ToolCall] = []
-        errors: list[str] = [think_error] if think_error else []
-        pos = index = 0
-        while (start := rest.find(CALL_OPEN, pos)) != -1:
-            parts.append(self._content(rest[pos:start], errors))
-            index += 1
-            body_start = start + len(CALL_OPEN)
-            result, pos = self._call(rest, body_start, index)
-            (calls if isinstance(result, ToolCall) else errors).append(result)
-        parts.append(self._content(rest[pos:], errors))
-        if not index and not errors and LLAMA3_CALL_START.match(rest.lstrip()):
+        parts, calls, errors = scan_call_blocks(rest, HERMES_FORMAT, self._call)
+        errors = [think_error, *errors] if think_error else errors
+        if not calls and not errors and LLAMA3_CALL_START.match(rest.lstrip()):
             errors.append(
                 f"Your reply looks like a tool call without {CALL_OPEN} tags. Write each call as {HERMES_FORMAT}"
             )
         return ParsedResponse(join_content(parts, self.markers), calls, errors, reasoning)
-
-    @staticmethod
-    def _content(piece: str, errors: list[str]) -> str:
-        if CALL_CLOSE in piece:  # a call whose opener is missing would otherwise vanish into the content
-            errors.append(
-                f"Found {CALL_CLOSE} without a matching {CALL_OPEN} before it: {snippet(piece)}. "
-                f"Write each call as {HERMES_FORMAT}"
-            )
-        return piece
 
     @staticmethod
     def _call(text: str, start: int, index: int) -> tuple[ToolCall | str, int]:
@@ -79,22 +63,15 @@ class HermesParser:
             if text.startswith(CALL_CLOSE, tail):
                 return to_call(obj, index, HERMES_FORMAT), tail + len(CALL_CLOSE)
         # Otherwise the body runs to the next closing tag, or to the next call if this one was never closed.
-        reopen = text.find(CALL_OPEN, start)
-        close = text.find(CALL_CLOSE, start, len(text) if reopen == -1 else reopen)
-        if close == -1:
-            stop = len(text) if reopen == -1 else reopen
-            error = (
-                f"Tool call {index} was opened with {CALL_OPEN} but never closed with {CALL_CLOSE}: "
-                f"{snippet(text[start:stop])}. Write each call as {HERMES_FORMAT}"
-            )
-            return error, stop
-        body = text[start:close]
+        body, error, after = closed_block(text, start, index, HERMES_FORMAT)
+        if body is None:
+            return error, after
         try:
             obj = json.loads(body)
         except (ValueError, RecursionError) as e:
-            error = f"Tool call {index} is not valid JSON ({e}): {snippet(body)}. Write each call as {HERMES_FORMAT}"
-            return error, close + len(CALL_CLOSE)
-        return to_call(obj, index, HERMES_FORMAT), close + len(CALL_CLOSE)
+            return (f"Tool call {index} is not valid JSON ({e}): {snippet(body)}. Write each call as "
+                    f"{HERMES_FORMAT}"), after
+        return to_call(obj, index, HERMES_FORMAT), after
 
 
 # ----------------------------------------------------------------------------------------------------------- llama3

@@ -18,8 +18,10 @@ from trajlab.chat.parsers.base import (
     CALL_OPEN,
     ParsedResponse,
     ToolCall,
+    closed_block,
     join_content,
     markers_for,
+    scan_call_blocks,
     snippet,
     split_reasoning,
 )
@@ -47,36 +49,17 @@ class QwenXmlParser:
     def parse(self, text: str, prefix: str = "", tools: Sequence[dict[str, Any]] | None = None) -> ParsedResponse:
         reasoning, rest, think_error = split_reasoning(text, prefix)
         schemas = _parameter_schemas(tools)
-        parts: list[str] = []
-        calls: list[ToolCall] = []
-        errors: list[str] = [think_error] if think_error else []
-        pos = index = 0
-        while (start := rest.find(CALL_OPEN, pos)) != -1:
-            parts.append(self._content(rest[pos:start], errors))
-            index += 1
-            body_start = start + len(CALL_OPEN)
-            reopen = rest.find(CALL_OPEN, body_start)
-            close = rest.find(CALL_CLOSE, body_start, len(rest) if reopen == -1 else reopen)
-            if close == -1:
-                pos = len(rest) if reopen == -1 else reopen
-                errors.append(f"Tool call {index} was opened with {CALL_OPEN} but never closed with {CALL_CLOSE}: "
-                              f"{snippet(rest[body_start:pos])}. Write each call as {XML_FORMAT}")
-                continue
-            result = _call(rest[body_start:close], index, schemas)
-            (calls if isinstance(result, ToolCall) else errors).append(result)
-            pos = close + len(CALL_CLOSE)
-        parts.append(self._content(rest[pos:], errors))
-        if not index and not errors and _CALL_START.search(rest):
+
+        def read(text: str, start: int, index: int) -> tuple[ToolCall | str, int]:
+            body, error, after = closed_block(text, start, index, XML_FORMAT)
+            return (error if body is None else _call(body, index, schemas)), after
+
+        parts, calls, errors = scan_call_blocks(rest, XML_FORMAT, read)
+        errors = [think_error, *errors] if think_error else errors
+        if not calls and not errors and _CALL_START.search(rest):
             errors.append(f"Your reply looks like a tool call without {CALL_OPEN} tags. Write each call as "
                           f"{XML_FORMAT}")
         return ParsedResponse(join_content(parts, self.markers), calls, errors, reasoning)
-
-    @staticmethod
-    def _content(piece: str, errors: list[str]) -> str:
-        if CALL_CLOSE in piece:  # a call whose opener is missing would otherwise vanish into the content
-            errors.append(f"Found {CALL_CLOSE} without a matching {CALL_OPEN} before it: {snippet(piece)}. "
-                          f"Write each call as {XML_FORMAT}")
-        return piece
 
 
 def _parameter_schemas(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
