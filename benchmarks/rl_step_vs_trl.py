@@ -384,8 +384,7 @@ def summarize(framework: str, result: dict[str, Any],
         "generate_calls_per_step": per_step("generate_calls"), "prefill_per_step": per_step("prefill_tokens"),
         "reward": per_step("reward"), "flat_groups": per_step("flat_groups"),
         "peak_gb": max((s["peak_gb"] for s in timed if "peak_gb" in s), default=math.nan),
-        "setup_s": result["setup_s"], "warmup_s": result["steps"][0]["wall_s"],
-    }
+        "setup_s": result["setup_s"], "warmup_s": result["steps"][0]["wall_s"]}
 
 
 COLUMNS = (  # (header, key, format)
