@@ -69,7 +69,7 @@ class PolicyUpdate:
         silent = {i for i in usable if not any(token_advantages[i])} if self.settings.kl_coef == 0 else set()
         mismatch = MismatchSums()
         trained = sorted((i for i in usable if i not in silent), key=lengths.__getitem__)
-        trainer_logprobs = self.trainer_logprobs(trajectories, trained, mismatch) if correct else {}
+        trainer_logprobs = self.trainer_logprobs(trajectories, trained, lengths, mismatch) if correct else {}
         totals, passes, steps, grad_norm = dict.fromkeys(LOSS_STATS, 0.0), 0, 0, 0.0
         for minibatch in self._minibatches(usable, lengths, shuffle_seed):
             normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
@@ -139,17 +139,16 @@ class PolicyUpdate:
                 MismatchSums(*summed[len(totals) + 1 :]))
 
     @torch.no_grad()
-    def trainer_logprobs(self, trajectories: list[Trajectory], order: list[int],
+    def trainer_logprobs(self, trajectories: list[Trajectory], order: list[int], lengths: dict[int, int],
                          mismatch: MismatchSums) -> dict[int, list[float]]:
         """The trained model's logprob of every completion token of each rollout, before any optimizer step: the
         "old" policy of the clipped ratio when another engine sampled. Eval mode, as sampling ran; micro-batches of
-        similar lengths."""
+        similar lengths, cut as the update cuts them (``lengths``: :func:`rollout_lengths` of at least ``order``)."""
         model = unwrap(self.policy)
         training = model.training
         model.eval()
         out: dict[int, list[float]] = {}
         try:
-            lengths = rollout_lengths(trajectories, order)
             for chosen in micro_batches(order, lengths, self.settings.micro_batch_size,
                                         self.settings.micro_batch_tokens):
                 rows = [trajectories[i] for i in chosen]
