@@ -98,21 +98,11 @@ def build_random_model(scale: Scale, out: Path, seed: int = 0) -> Path:
 
 
 def _twin_model(scale: Scale, out: Path, seed: int) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from trajlab.models.archs import init_arch_model
 
-    from trajlab.models.archs import arch, arch_config
-    from trajlab.models.families import export_family
-
-    config = arch_config(scale.arch)
-    config.dtype = getattr(torch, scale.dtype)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=config.dtype)
-    model.generation_config = GenerationConfig(**arch(scale.arch).generation)
-    model.save_pretrained(out)
-    export_family(arch(scale.arch).family, out)
-    return out
+    if scale.dtype != "bfloat16":
+        raise ValueError(f"a twin is saved in bfloat16, as the real checkpoint; the scale asks for {scale.dtype}")
+    return init_arch_model(scale.arch, out, seed=seed)
 
 
 def _smoke_model(scale: Scale, out: Path, seed: int) -> Path:
