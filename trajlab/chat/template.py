@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -358,6 +359,19 @@ HARMONY_MARKERS = ("<|channel|>", "<|call|>", "<|return|>")
 HARMONY_TURN_ENDS = ("<|call|>", "<|return|>")
 """gpt-oss (harmony) ends a turn at a call or at its final answer. Its ``<|end|>`` only closes one message of a turn
 (the analysis before a call), so stopping there would cut every call off."""
+
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+"""The assistant-message keys reasoning arrives under: vLLM's and DeepSeek's, vLLM's newer one, gpt-oss's."""
+_READS_THINKING = re.compile(r"""message\s*(?:\.thinking\b|\[\s*["']thinking["']\s*\])""")
+
+
+def reasoning_field(chat_template: str) -> str:
+    """The assistant-message key ``chat_template`` reads reasoning from: gpt-oss's reads ``thinking``, the others
+    (Qwen3, Qwen3.5, DeepSeek, GLM) ``reasoning_content``; a template reading neither drops it either way."""
+    if _READS_THINKING.search(chat_template) and "reasoning_content" not in chat_template:
+        return "thinking"
+    return "reasoning_content"
 
 
 def end_of_turn_texts(tokenizer: PreTrainedTokenizerBase) -> list[str]:

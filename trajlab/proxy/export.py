@@ -49,7 +49,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.context import TemplateContext
-from trajlab.chat.template import image_ids, render
+from trajlab.chat.template import ChatTemplate, image_ids, reasoning_field
 from trajlab.chat.utf8 import shown_text
 from trajlab.data.store import TrajectoryStore, image_dir
 from trajlab.proxy.openai_format import to_template_messages, validate_tools
@@ -117,6 +117,8 @@ class Sample:
     """``prompt_ids + completion_ids``, kept up to date so matching a call does not rebuild it."""
     images: list[str] = field(default_factory=list)
     """The ids of the images whose tokens ``history`` holds, in order."""
+    turns: list[tuple[int, int]] = field(default_factory=list)
+    """Where each call's reply lies in ``history`` (start, end): its prompt was ``history[:start]``."""
 
     def extended_by(self, prompt_ids: list[int], images: list[str]) -> bool:
         """Whether a prompt continues this history: its ids and its images start with the sample's."""
@@ -127,6 +129,7 @@ class Sample:
         self.tokens.extend(prompt_ids[len(self.history):], trained=False)
         self.tokens.extend(list(choice["token_ids"]), trained=True, logprobs=list(choice["logprobs"]))
         self.history = prompt_ids + list(choice["token_ids"])
+        self.turns.append((len(prompt_ids), len(self.history)))
         self.images = list(images)
         self.record, self.choice = record, choice
         self.calls += 1
@@ -227,9 +230,7 @@ def to_trajectory(
         FileNotFoundError: an image of the sample is not in ``image_folder``.
         ValueError: the sample holds images but ``processor`` or ``image_folder`` is None.
     """
-    tokens = sample.tokens.model_copy(deep=True)
     record, choice = sample.record, sample.choice
-    messages: list[dict[str, Any]] = []
     tools = validate_tools((record.get("request") or {}).get("tools"))  # as the server rendered them
     pngs: dict[str, bytes] = {}
     if sample.images:
@@ -237,22 +238,18 @@ def to_trajectory(
             raise ValueError(f"session {session!r} holds images: export it with the served model's processor (its "
                              "vision-language model directory as --tokenizer) and the session's image folder")
         pngs = {image_id: (image_folder / image_id).read_bytes() for image_id in sample.images}
-    match = 0.0
     context = TemplateContext.from_record(record.get("template_context"))  # what the server rendered with
+    tokens, branches, messages, match = sample.tokens.model_copy(deep=True), None, [], 0.0
     if record["endpoint"] == CHAT:
-        messages = to_template_messages([*record["request"]["messages"], choice["message"]])
-        full = render(tokenizer, messages, tools, chat_template=template, context=context)
-        head = record["prompts"][0]["text"] + shown_text(tokenizer, choice["token_ids"])
-        if full.startswith(head):
-            tokens.extend(tokenizer.encode(full[len(head):], add_special_tokens=False), trained=False)
-        decoded = shown_text(tokenizer, tokens.prompt_ids + tokens.completion_ids)
-        if pngs:  # the ids hold each image's tokens where the text holds its placeholder: expand it as they do
-            images = [decode_png(pngs[image_id]) for image_id in image_ids(messages)]
-            expanded = processor(text=full, images=images, add_special_tokens=False)["input_ids"][0]
-            full = tokenizer.decode(expanded, skip_special_tokens=False)
-        match = float(decoded == full)
+        sent = [*record["request"]["messages"], choice["message"]]
+        messages = to_template_messages(sent, reasoning_field(template))
+        chat = ChatTemplate(tokenizer, tools, template, context=context)
+        if sample.calls > 1 and not pngs and not chat.preserves_prefixes:
+            tokens, (branches, match) = None, _turn_branches(sample, chat, messages)
+        else:
+            match = _close(tokens, sample, chat, messages, processor, pngs)
     truncated = choice.get("finish_reason") == "length"
-    model_tokens = sum(tokens.loss_mask)
+    model_tokens = sum(tokens.loss_mask) if tokens is not None else sum(len(b.loss_mask) for b in branches or [])
     trajectory = Trajectory(
         id=f"{session}:{sample.index}",
         env=env,
@@ -265,6 +262,7 @@ def to_trajectory(
                  "parse_errors": float(sample.parse_errors), "model_tokens": float(model_tokens),
                  "wall_s": sample.wall_s, "template_match": match, "scored": 0.0},
         tokens=tokens,
+        branches=branches,
         stop_reason="max_new_tokens" if truncated else str(choice.get("finish_reason") or ""),
         policy=str(record.get("model", "")),
         images=sample.images,
@@ -272,6 +270,38 @@ def to_trajectory(
     )
     trajectory.attach_images(pngs)
     return apply_reward(trajectory, reward) if reward is not None else trajectory
+
+
+def _close(tokens: TokenRecord, sample: Sample, chat: ChatTemplate, messages: list[dict[str, Any]], processor: Any,
+           pngs: dict[str, bytes]) -> float:
+    """Append the template's tail after the last reply to ``tokens`` (loss 0); whether they now show exactly the
+    template's rendering of ``messages`` (``metrics["template_match"]``)."""
+    full = chat.render(messages)
+    head = sample.record["prompts"][0]["text"] + shown_text(chat.tokenizer, sample.choice["token_ids"])
+    if full.startswith(head):
+        tokens.extend(chat.tokenizer.encode(full[len(head):], add_special_tokens=False), trained=False)
+    decoded = shown_text(chat.tokenizer, tokens.prompt_ids + tokens.completion_ids)
+    if pngs:  # the ids hold each image's tokens where the text holds its placeholder: expand it as they do
+        images = [decode_png(pngs[image_id]) for image_id in image_ids(messages)]
+        expanded = processor(text=full, images=images, add_special_tokens=False)["input_ids"][0]
+        full = chat.tokenizer.decode(expanded, skip_special_tokens=False)
+    return float(decoded == full)
+
+
+def _turn_branches(sample: Sample, chat: ChatTemplate,
+                   messages: list[dict[str, Any]]) -> tuple[list[TokenRecord], float]:
+    """One token record per call, for a template that rewrites history (gpt-oss drops a call's reasoning once an
+    answer follows): the call's prompt as served and its reply, as the rollout engine branches such episodes. The
+    float says whether each prompt is the template's rendering of the conversation before that reply."""
+    first, ids = len(sample.tokens.prompt_ids), sample.history
+    branches = [TokenRecord(prompt_ids=ids[:start], completion_ids=ids[start:end], loss_mask=[1] * (end - start),
+                            logprobs=sample.tokens.logprobs[start - first:end - first])
+                for start, end in sample.turns]
+    replies = [i for i, message in enumerate(messages) if message["role"] == "assistant"][-len(branches):]
+    shown = [shown_text(chat.tokenizer, branch.prompt_ids) for branch in branches]
+    match = len(replies) == len(branches) and all(
+        text == chat.render(messages[:i], add_generation_prompt=True) for text, i in zip(shown, replies, strict=True))
+    return branches, float(match)
 
 
 def apply_reward(trajectory: Trajectory, reward: RewardFn) -> Trajectory:

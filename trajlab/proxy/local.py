@@ -12,7 +12,13 @@ from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.context import TemplateContext
 from trajlab.chat.parsers import ToolCallParser
-from trajlab.chat.template import ChatTemplate, TemplateNotPrefixPreservingError, image_ids, stop_token_ids
+from trajlab.chat.template import (
+    ChatTemplate,
+    TemplateNotPrefixPreservingError,
+    image_ids,
+    reasoning_field,
+    stop_token_ids,
+)
 from trajlab.chat.utf8 import shown_text
 from trajlab.config import ServeSettings
 from trajlab.inference.base import Generator
@@ -90,6 +96,7 @@ class LocalBackend:
         self.completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
         self.chat_template = ChatTemplate(tokenizer, [], template, processor, context=template_context)
         self.replies = ReplyMemory()
+        self.reasoning_field = reasoning_field(template)
         # Where the model puts image features. Only the processor may write these ids: text holding one would leave
         # the model more image tokens than image features, failing every request batched with it.
         self.image_tokens = {token for token in getattr(processor, "image_token_ids", None) or []
@@ -108,7 +115,7 @@ class LocalBackend:
             raise bad_request("top_logprobs is not supported: only the sampled tokens' logprobs are known",
                               param="top_logprobs")
         stops, completer = req.stop_strings(), self.completer
-        messages = to_template_messages(raw_messages)
+        messages = to_template_messages(raw_messages, self.reasoning_field)
         prompt_text, prompt_ids, images = self._prompt(call.session, messages, tools, call.images)
         params = completer.sampling(self._budget(req.token_budget(), len(prompt_ids), self.serve.default_max_tokens),
                                     req.temperature, req.top_p)
@@ -217,7 +224,7 @@ class LocalBackend:
         show the template's rendering of the message returned (``proxy.replies``)."""
         turn = self.chat_template.with_tools(tools)
         for choice in choices:
-            reply = to_template_messages([choice.message()])[0]
+            reply = to_template_messages([choice.message()], self.reasoning_field)[0]
             try:
                 rendered = turn.assistant_text(messages, reply)
             except Exception:  # noqa: BLE001 - a template that cannot render the reply: it is rendered again if sent

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trajlab.chat.parsers import ParsedResponse
+from trajlab.chat.template import REASONING_FIELDS
 from trajlab.proxy.errors import bad_request
 from trajlab.rollout.images import is_image_id
 
@@ -205,12 +206,15 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     return converted
 
 
-def to_template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_template_messages(messages: list[dict[str, Any]],
+                         reasoning_field: str = "reasoning_content") -> list[dict[str, Any]]:
     """OpenAI chat messages to what chat templates expect.
 
     Tool-call arguments arrive as JSON strings and templates want objects; ``developer`` is OpenAI's new name for
     ``system``; a tool result gets the ``name`` of the call it answers (templates such as Llama's print it). User
     and tool messages may hold images, named by id (:func:`trajlab.proxy.images.inline_images` puts the ids in).
+    An assistant's reasoning, sent under any of :data:`REASONING_FIELDS`, goes under ``reasoning_field``: the key
+    the chat template reads (:func:`trajlab.chat.template.reasoning_field`), or the template would drop it.
     """
     converted: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
@@ -229,8 +233,9 @@ def to_template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
             if calls:
                 out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
                 call_names.update({c["id"]: c["function"]["name"] for c in out["tool_calls"] if "id" in c})
-            if isinstance(message.get("reasoning_content"), str):
-                out["reasoning_content"] = message["reasoning_content"]
+            reasoning = next((message[key] for key in REASONING_FIELDS if isinstance(message.get(key), str)), None)
+            if reasoning is not None:
+                out[reasoning_field] = reasoning
             converted.append(out)
         elif role == "tool":
             call_id = message.get("tool_call_id")

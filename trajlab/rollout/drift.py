@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
@@ -117,18 +117,23 @@ def find_drift(trajectory: Trajectory, chat: ChatTemplate, parser: ToolCallParse
 
 def _branch_drift(trajectory: Trajectory, chat: ChatTemplate, parser: ToolCallParser) -> Drift | None:
     """An episode kept one sample per turn: each turn's prompt must be the template's fresh rendering of the
-    conversation before it, and its tokens what the engine made of the turn's assistant message."""
+    conversation before it, and its tokens what the engine made of the turn's assistant message. A recorded session
+    (``template_match`` in its metrics) is held to the text the server showed, and its call ids are the server's."""
     branches = trajectory.branches or []
     assistants = [i for i, m in enumerate(trajectory.messages) if m.get("role") == "assistant"]
     if len(branches) != len(assistants):
         return Drift(trajectory.id, min(len(branches), len(assistants)) + 1, "model", 0,
                      f"{len(assistants)} assistant messages", f"{len(branches)} turn samples")
+    recorded = "template_match" in trajectory.metrics
     for turn, (branch, index) in enumerate(zip(branches, assistants, strict=True), start=1):
         replay = _Replay(trajectory.model_copy(update={"tokens": branch, "branches": None}), chat, parser)
         prompt = len(branch.prompt_ids)
-        if drift := replay._compare(turn, "prompt", 0, replay.chat.prompt_ids(trajectory.messages[:index]), prompt):
-            return drift
-        if drift := replay._model_turn(turn, index, prompt, len(replay.ids)):
+        if recorded:
+            rendered = replay.chat.render(trajectory.messages[:index], add_generation_prompt=True)
+            drift = _text_drift(trajectory.id, turn, "prompt", chat.tokenizer, branch.prompt_ids, rendered)
+        else:
+            drift = replay._compare(turn, "prompt", 0, replay.chat.prompt_ids(trajectory.messages[:index]), prompt)
+        if drift or (drift := replay._model_turn(turn, index, prompt, len(replay.ids), server_ids=recorded)):
             return drift
     return None
 
@@ -168,9 +173,10 @@ class _Replay:
             at = end
         return self._compare(len(self.assistants), "observation", at, [], len(self.ids))
 
-    def _model_turn(self, turn: int, index: int, start: int, end: int) -> Drift | None:
+    def _model_turn(self, turn: int, index: int, start: int, end: int, server_ids: bool = False) -> Drift | None:
         """The assistant message must be what the engine made of these ids: the parsed reply, the raw text of a
-        turn cut by the token limit, or the raw text without its stop token when the reply did not parse."""
+        turn cut by the token limit, or the raw text without its stop token when the reply did not parse.
+        ``server_ids``: the calls' ids were given by the recording server, not written by the model: not compared."""
         ids = self.ids[start:end]
         decode = self.chat.tokenizer.decode
         stored = self.messages[index]
@@ -183,7 +189,7 @@ class _Replay:
             expected = {"role": "assistant", "content": decode(ids[:-1], skip_special_tokens=False)}
         else:
             expected = assistant_message(parsed, turn - 1)
-        if _normal(expected) == _normal(stored):
+        if _normal(expected, server_ids) == _normal(stored, server_ids):
             return None
         shown = self.chat.assistant_text(self.messages[:index], stored)
         return Drift(self.trajectory.id, turn, "model", start, shown[:EXCERPT], text[:EXCERPT])
@@ -237,21 +243,35 @@ class _PrefixRenders(ChatTemplate):
         return self._renders[key]
 
 
-def _normal(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as the engine writes it, with empty optional fields dropped, for comparison."""
-    return {key: value for key, value in message.items() if value not in (None, "", [])} | {
+def _normal(message: dict[str, Any], without_ids: bool = False) -> dict[str, Any]:
+    """A message as the engine writes it, with empty optional fields dropped (and call ids, when the server chose
+    them and the model did not write them), for comparison."""
+    normal = {key: value for key, value in message.items() if value not in (None, "", [])} | {
         "content": message.get("content") or ""}
+    if without_ids and normal.get("tool_calls"):
+        normal["tool_calls"] = [{k: v for k, v in call.items() if k != "id"} for call in normal["tool_calls"]]
+    return normal
 
 
 def _conversation_drift(trajectory: Trajectory, chat: ChatTemplate) -> Drift | None:
     """Recorded sessions: the ids' text must equal the template's rendering of the whole conversation. Their text
     is the recording server's (``shown_text``): a reply that ended inside a character was returned without it."""
     tokens = trajectory.tokens
-    ids = tokens.prompt_ids + tokens.completion_ids
-    decoded = shown_text(chat.tokenizer, ids)
     rendered = chat.render(trajectory.messages)
     if images := chat.images_of(trajectory.messages):  # the ids hold each image's tokens, the text its placeholder
         rendered = chat.tokenizer.decode(chat.encode(rendered, images), skip_special_tokens=False)
+    ids = tokens.prompt_ids + tokens.completion_ids
+    drift = _text_drift(trajectory.id, 0, "conversation", chat.tokenizer, ids, rendered)
+    if drift is None:
+        return None
+    trained = [0] * len(tokens.prompt_ids) + tokens.loss_mask  # name the model turn the differing token falls in
+    return replace(drift, turn=sum(1 for i in range(1, drift.position + 1) if trained[i] and not trained[i - 1]))
+
+
+def _text_drift(trajectory_id: str, turn: int, segment: Segment, tokenizer: PreTrainedTokenizerBase,
+                ids: list[int], rendered: str) -> Drift | None:
+    """Where the text the server showed for ``ids`` (``shown_text``) first differs from ``rendered``; None if never."""
+    decoded = shown_text(tokenizer, ids)
     if decoded == rendered:
         return None
     at = next((i for i, (a, b) in enumerate(zip(rendered, decoded, strict=False)) if a != b),
@@ -259,12 +279,9 @@ def _conversation_drift(trajectory: Trajectory, chat: ChatTemplate) -> Drift | N
     low, high = 0, len(ids)  # the first token whose text reaches past the differing character
     while low < high:
         middle = (low + high) // 2
-        if len(shown_text(chat.tokenizer, ids[: middle + 1])) > at:
+        if len(shown_text(tokenizer, ids[: middle + 1])) > at:
             high = middle
         else:
             low = middle + 1
-    position = min(low, len(ids) - 1)
-    trained = [0] * len(tokens.prompt_ids) + tokens.loss_mask
-    turn = sum(1 for i in range(1, position + 1) if trained[i] and not trained[i - 1])
-    return Drift(trajectory.id, turn, "conversation", position, rendered[at : at + EXCERPT],
+    return Drift(trajectory_id, turn, segment, min(low, len(ids) - 1), rendered[at : at + EXCERPT],
                  decoded[at : at + EXCERPT])
