@@ -86,6 +86,11 @@ def test_model_vllm_engine_arguments_are_validated():
     assert config.model.engine_args() == {"gpu_memory_utilization": 0.4, "max_model_len": 16384,
                                           "enforce_eager": True, "dtype": "bfloat16"}
     assert load_config(None).model.engine_args() == {"enforce_eager": True}, "eager and the checkpoint's dtype"
+    lockstep = load_config(None, {"model": {"vllm": {"batching": "lockstep"}}}).model
+    assert lockstep.vllm.batching == "lockstep" and "batching" not in lockstep.engine_args(), "trajlab's, not vLLM's"
+    assert load_config(None).model.vllm.batching == "continuous"
+    with pytest.raises(ConfigError, match=r"model\.vllm\.batching: Input should be 'continuous' or 'lockstep'"):
+        load_config(None, {"model": {"vllm": {"batching": "dynamic"}}})
     assert load_config(None, {"model": {"vllm": {"gpu_memory_utilization": 1}}}).model.vllm.gpu_memory_utilization == 1
     for share in (0, 1.5, -0.2):
         with pytest.raises(ConfigError, match=r"model\.vllm\.gpu_memory_utilization: Input should be (greater|less)"):

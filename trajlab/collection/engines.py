@@ -30,7 +30,8 @@ def load_rollout_policy(env: EnvSpec | EnvMixture, policy: PolicyLike | Policy, 
     oracle = demonstrator.reference if demonstrator is not None else env.oracle
     loaded = load_policy(policy, tokenizer=tokenizer, oracle=oracle, device=model.device, dtype=model.dtype,
                          backend=model.backend, max_batch_size=max_batch_size, vision=env.shows_images,
-                         template_kwargs=model.chat_template_kwargs, engine_args=model.engine_args())
+                         template_kwargs=model.chat_template_kwargs, engine_args=model.engine_args(),
+                         vllm_batching=model.vllm.batching)
     if demonstrator is not None:
         loaded.generator.name = demonstrator.name  # each trajectory's policy
     if env.shows_images and loaded.processor is None:

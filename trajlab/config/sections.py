@@ -13,6 +13,7 @@ from trajlab.env.mixture import EnvMixture
 from trajlab.env.prompts import check_prompt_sources, prompted
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
+from trajlab.inference.base import DEFAULT_BATCHING, Batching
 from trajlab.models.devices import AUTO
 from trajlab.rollout.rewards import check_weights
 
@@ -53,6 +54,10 @@ class VLLMSettings(Section):
     enforce_eager: bool = True
     """Run the model eagerly (True) or capture CUDA graphs (False: faster decoding, a slower start and more memory).
     Eager is what trajlab has tested weight reloads after every RL update with."""
+    batching: Batching = DEFAULT_BATCHING
+    """How episodes' turns reach the engine: continuous (each request joins and leaves the running batch on its own,
+    so a finished turn's episode goes on while others still generate) or lockstep (batches handed to
+    ``LLM.generate``, each waiting for its slowest request). Not an engine argument: trajlab's own."""
 
 
 class ModelSettings(Section):
@@ -82,7 +87,7 @@ class ModelSettings(Section):
     def engine_args(self) -> dict[str, Any]:
         """The keyword arguments this section gives ``vllm.LLM``: the vllm settings that are set, and the dtype
         unless it is auto (the engine then loads the checkpoint's own)."""
-        args = self.vllm.model_dump(exclude_none=True)
+        args = self.vllm.model_dump(exclude_none=True, exclude={"batching"})
         return args if self.dtype == AUTO else args | {"dtype": self.dtype}
 
 

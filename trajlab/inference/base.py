@@ -11,6 +11,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+Batching = Literal["continuous", "lockstep"]
+DEFAULT_BATCHING: Batching = "continuous"
+"""How the vllm backend hands episodes' turns to its engine unless told otherwise (``model.vllm.batching``)."""
+
 
 def is_server_url(spec: str) -> bool:
     """Whether a ``--policy``/``--reflection`` value names an OpenAI-compatible server rather than a directory."""

@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trajlab.chat.context import TemplateContext
 from trajlab.chat.template import resolve_chat
 from trajlab.errors import UserError
-from trajlab.inference.base import Generator, is_server_url
+from trajlab.inference.base import DEFAULT_BATCHING, Batching, Generator, is_server_url
 from trajlab.models.devices import AUTO
 
 PolicyLike = str | Path | Generator | PreTrainedModel
@@ -49,6 +49,7 @@ def load_policy(
     vision: bool = False,
     template_kwargs: Mapping[str, Any] | None = None,
     engine_args: dict[str, Any] | None = None,
+    vllm_batching: Batching = DEFAULT_BATCHING,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -66,6 +67,7 @@ def load_policy(
         template_kwargs: the chat template's variables (``model.chat_template_kwargs``, e.g. ``enable_thinking``).
         engine_args: the vllm backend's ``vllm.LLM`` arguments (``ModelSettings.engine_args``: the dtype unless
             auto, memory share, context length, eager); None: the checkpoint's dtype and the engine's defaults.
+        vllm_batching: the vllm backend's ``continuous`` or ``lockstep`` batching (``model.vllm.batching``).
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -84,7 +86,7 @@ def load_policy(
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
         generator = _model_generator(spec, loaded, processor, backend=backend, device=device, dtype=dtype,
-                                     max_batch_size=max_batch_size, engine_args=engine_args)
+                                     max_batch_size=max_batch_size, engine_args=engine_args, batching=vllm_batching)
         template, context = resolve_chat(loaded, template_kwargs)
         return Policy(generator, loaded, template, processor, context)
     if tokenizer is None:
@@ -119,7 +121,8 @@ def _processor(path: str) -> Any:
 
 
 def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, processor: Any, *, backend: str, device: str,
-                     dtype: str, max_batch_size: int, engine_args: dict[str, Any] | None) -> Generator:
+                     dtype: str, max_batch_size: int, engine_args: dict[str, Any] | None,
+                     batching: Batching) -> Generator:
     """The generator of a model directory on the chosen backend (vLLM places the model on its own platform and gets
     ``engine_args``, else a dtype other than auto)."""
     if backend == "vllm":
@@ -127,7 +130,8 @@ def _model_generator(path: str, tokenizer: PreTrainedTokenizerBase, processor: A
 
         if engine_args is None:
             engine_args = None if dtype == AUTO else {"dtype": dtype}
-        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path, engine_args=engine_args)
+        return VLLMGenerator(path, max_batch_size=max_batch_size, name=path, engine_args=engine_args,
+                             batching=batching)
     if backend != "hf":
         raise UserError(f"unknown backend {backend!r}: use 'hf' or 'vllm'.")
     from trajlab.inference.hf import HFGenerator

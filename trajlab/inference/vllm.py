@@ -1,8 +1,10 @@
 """vLLM backend: an in-process engine, colocated with the trainer, fed token ids and returning token ids + logprobs.
 
-Episodes submit requests independently; one worker drains the queue and hands everything waiting to a single
-``LLM.generate`` call (each request keeps its own sampling settings), run in a thread so tools of other episodes
-keep running. The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can reach its
+Episodes submit requests independently. With continuous batching (the default) each request joins vLLM's engine as
+its episode sends it and comes back as soon as it is finished (:mod:`trajlab.inference.vllm_loop`), so an episode
+runs its tool and sends its next turn while others are still generating. With lockstep batching one worker drains
+the queue and hands everything waiting to a single ``LLM.generate`` call, which returns when its slowest request is
+done. The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the trainer can reach its
 model: :meth:`VLLMGenerator.load_weights` copies the trainer's weights in after every optimizer step, and
 :meth:`VLLMGenerator.sleep` / :meth:`VLLMGenerator.wake_up` free the engine's accelerator memory during the update
 where the platform has sleep mode (CUDA, ROCm, XPU; on CPU they do nothing and say so once).
@@ -14,14 +16,16 @@ import asyncio
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trajlab.errors import require
-from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.inference.base import DEFAULT_BATCHING, Batching, GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.batching import BatchingGenerator, PendingRequest
+from trajlab.inference.vllm_loop import EngineLoop
 from trajlab.models.hub import resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,8 @@ class VLLMGenerator(BatchingGenerator):
         engine_args: more keyword arguments for ``vllm.LLM`` (e.g. ``gpu_memory_utilization``,
             ``max_model_len``); they override the defaults below.
         name: the policy's name in trajectories.
+        batching: ``continuous`` (requests join and leave the engine one by one) or ``lockstep`` (batches handed to
+            ``LLM.generate``, each waiting for its slowest request).
 
     The engine loads the weights in the dtype they were saved in (as the ``hf`` backend does), runs eagerly, skips
     its tokenizer (ids in, ids out) and reports ``processed_logprobs``: the log-probability of the sampled token
@@ -50,8 +56,8 @@ class VLLMGenerator(BatchingGenerator):
     """
 
     drops_cancelled = False
-    """A request whose awaiting task is cancelled still goes to the engine and its result is dropped, as this backend
-    has always done (``LLM.generate`` cannot stop a row once it runs)."""
+    """Lockstep: a request whose awaiting task is cancelled still goes to the engine and its result is dropped
+    (``LLM.generate`` cannot stop a row once it runs). Continuous batching aborts it in the engine."""
 
     def __init__(
         self,
@@ -63,8 +69,11 @@ class VLLMGenerator(BatchingGenerator):
         seed: int | None = None,
         engine_args: dict[str, Any] | None = None,
         name: str | None = None,
+        batching: Batching = DEFAULT_BATCHING,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_wait_s=max_wait_s)
+        if batching not in ("continuous", "lockstep"):
+            raise ValueError(f"batching must be 'continuous' or 'lockstep', got {batching!r}")
         vllm = require("vllm", feature="the vllm backend (model.backend: vllm)", install=INSTALL)
         from vllm.platforms import current_platform
 
@@ -94,6 +103,27 @@ class VLLMGenerator(BatchingGenerator):
         self.generated_tokens = 0
         self.batches = 0
         self.weight_loads = 0
+        self.prompt_tokens = 0
+        """Prompt tokens of the finished requests, and of those the ones vLLM's prefix cache held (not prefilled)."""
+        self.cached_prompt_tokens = 0
+        self.batching = batching
+        self._engine_lock = threading.Lock()
+        continuous = batching == "continuous"
+        self._engine_loop = EngineLoop(self.llm.llm_engine, self._engine_lock, self._finished) if continuous else None
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """The request's tokens: through the engine loop (continuous), or in the next batch (lockstep)."""
+        if self._engine_loop is None:
+            return await super().generate(request)
+        from vllm.inputs import TokensPrompt
+
+        request_id, future = self._engine_loop.submit(TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
+                                               self._sampling(request.params, request.seed))
+        try:
+            return await future
+        except asyncio.CancelledError:  # nobody wants the result: stop generating it
+            self._engine_loop.abort(request_id)
+            raise
 
     async def _run_batch(self, batch: list[PendingRequest]) -> list[GenerationResult]:
         return await asyncio.to_thread(self.generate_batch, [p.request for p in batch])
@@ -103,16 +133,21 @@ class VLLMGenerator(BatchingGenerator):
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
-        outputs = self.llm.generate(prompts, [self._sampling(r.params, r.seed) for r in requests], use_tqdm=False)
+        with self._engine_lock:
+            outputs = self.llm.generate(prompts, [self._sampling(r.params, r.seed) for r in requests],
+                                        use_tqdm=False)
         self.batches += 1
-        results = []
-        for output in outputs:
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            logprobs = [completion.logprobs[i][token].logprob for i, token in enumerate(ids)]
-            results.append(GenerationResult(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length"))
-            self.generated_tokens += len(ids)
-        return results
+        return [self._finished(output) for output in outputs]
+
+    def _finished(self, output: Any) -> GenerationResult:
+        """A finished ``RequestOutput`` as the engine's result: the sampled ids and their logprobs."""
+        completion = output.outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [completion.logprobs[i][token].logprob for i, token in enumerate(ids)]
+        self.generated_tokens += len(ids)
+        self.prompt_tokens += len(output.prompt_token_ids or ())
+        self.cached_prompt_tokens += output.num_cached_tokens or 0
+        return GenerationResult(ids, logprobs, "stop" if completion.finish_reason == "stop" else "length")
 
     def _sampling(self, params: SamplingParams, seed: int | None) -> Any:
         """vLLM's sampling settings: stop exactly at ``stop_token_ids`` (else the model's eos, as transformers
@@ -139,8 +174,9 @@ class VLLMGenerator(BatchingGenerator):
 
     def load_named_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy weights named as the base checkpoint names them into the engine; its prefix cache is dropped."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
-        self.llm.reset_prefix_cache()
+        with self._engine_lock:  # never in the middle of a step
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            self.llm.reset_prefix_cache()
         self.weight_loads += 1
 
     def sleep(self) -> None:

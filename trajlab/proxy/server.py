@@ -66,7 +66,7 @@ def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrained
         from trajlab.inference.vllm import VLLMGenerator
 
         generator = VLLMGenerator(model.path, max_batch_size=serve.max_batch_size, name=name,
-                                  engine_args=model.engine_args())
+                                  engine_args=model.engine_args(), batching=model.vllm.batching)
         return generator, AutoConfig.from_pretrained(model.path, local_files_only=True)
     loaded = load_model(model.path, device=model.device, dtype=model.dtype)
     return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name,

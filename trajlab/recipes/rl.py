@@ -198,7 +198,8 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
-    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency, engine_args=placed.engine_args())
+    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency, engine_args=placed.engine_args(),
+                         batching=placed.vllm.batching)
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,
