@@ -18,7 +18,7 @@ import trajlab
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.inference.vllm import VLLMGenerator, full_weights
+from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args, full_weights
 from trajlab.models.loading import load_model
 
 from .noisy_env import SPEC as NOISY
@@ -180,3 +180,34 @@ def test_rl_with_lora_hands_the_engine_the_merged_weights(engine, prompts, tiny_
     moved = max(max_gap(r.logprobs, forward_logprobs(base, p, r.token_ids))
                 for p, r in zip(prompts, results, strict=True))
     assert moved > 1e-3, "the adapter's training reached the engine"
+
+
+@pytest.fixture(scope="module")
+def adapter_engine(tiny_model_dir):
+    return VLLMGenerator(tiny_model_dir, max_batch_size=8, engine_args=adapter_engine_args(4))
+
+
+def test_rl_with_lora_hands_an_adapter_engine_the_adapter_alone(adapter_engine, prompts, tiny_model_dir,
+                                                                tiny_tokenizer, tmp_path):
+    """An engine serving adapters gets only the trained adapter after each step; its base weights never move."""
+    pytest.importorskip("peft")
+    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
+                          lora=LoraSettings(r=4, alpha=8))
+    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
+    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout,
+                       sampler=adapter_engine, **settings.model_dump())
+    assert adapter_engine.weight_loads == 2 and adapter_engine.adapter is not None
+    merged, base = load_model(final), load_model(tiny_model_dir)
+    params = SamplingParams(max_new_tokens=8, temperature=0.0)
+    adapted = generate(adapter_engine, prompts, params)
+    for prompt, result in zip(prompts, adapted, strict=True):
+        assert max_gap(result.logprobs, forward_logprobs(merged, prompt, result.token_ids)) < 1e-4
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["mismatch/abs_logprob"] < 1e-3 for r in records), records
+    adapter, adapter_engine.adapter = adapter_engine.adapter, None  # the base alone, as the engine loaded it
+    try:
+        plain = generate(adapter_engine, prompts, params)
+    finally:
+        adapter_engine.adapter = adapter
+    for prompt, result in zip(prompts, plain, strict=True):
+        assert max_gap(result.logprobs, forward_logprobs(base, prompt, result.token_ids)) < 1e-4

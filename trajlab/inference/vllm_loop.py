@@ -40,7 +40,8 @@ class EngineLoop:
 
     def __init__(self, engine: Any, lock: threading.Lock, to_result: Callable[[Any], Any]) -> None:
         self.engine, self.lock, self.to_result = engine, lock, to_result
-        self._inbox: queue.SimpleQueue[tuple[str, Any, Any, _Waiting | None]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[tuple[str, Any, tuple[Any, Any] | None, _Waiting | None]] = \
+            queue.SimpleQueue()
         self._waiting: dict[str, _Waiting] = {}
         self._ids = itertools.count()
         self._wake = threading.Event()
@@ -48,12 +49,13 @@ class EngineLoop:
         self._start = threading.Lock()
         self.steps = 0
 
-    def submit(self, prompt: Any, params: Any) -> tuple[str, asyncio.Future]:
-        """Queue one request for the engine; its id and the future its result arrives in (on the calling loop)."""
+    def submit(self, prompt: Any, params: Any, lora: Any = None) -> tuple[str, asyncio.Future]:
+        """Queue one request for the engine (served with the LoRA adapter ``lora`` if any); its id and the future
+        its result arrives in (on the calling loop)."""
         loop = asyncio.get_running_loop()
         request_id = f"trajlab-{next(self._ids)}"
         future = loop.create_future()
-        self._inbox.put((request_id, prompt, params, _Waiting(loop, future)))
+        self._inbox.put((request_id, prompt, (params, lora), _Waiting(loop, future)))
         self._ensure_running()
         return request_id, future
 
@@ -94,7 +96,7 @@ class EngineLoop:
     def _admit(self) -> None:
         """Add queued requests to the engine and abort the abandoned ones, between two steps."""
         while not self._inbox.empty():
-            request_id, prompt, params, waiting = self._inbox.get()
+            request_id, prompt, settings, waiting = self._inbox.get()
             if waiting is None:
                 if self._waiting.pop(request_id, None) is not None:
                     with self.lock:
@@ -102,7 +104,8 @@ class EngineLoop:
                 continue
             try:
                 with self.lock:
-                    self.engine.add_request(request_id, prompt, params)
+                    params, lora = settings
+                    self.engine.add_request(request_id, prompt, params, lora_request=lora)
             except Exception as exc:  # a request vLLM refuses fails alone
                 self._settle(waiting, _raise, exc)
                 continue

@@ -126,7 +126,7 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
     update = _policy_update(model, settings, placed.dtype, where, accelerator, curriculum, tokenizer, processor)
     policy = accelerator.unwrap_model(update.policy)
     if sampler is None and placed.backend == "vllm" and not rollout.workers:  # workers start engines of their own
-        sampler = _vllm_sampler(model, placed, rollout, seed)
+        sampler = _vllm_sampler(model, placed, rollout, seed, settings.lora.r if settings.lora else None)
     in_process = sampler is None and not rollout.workers
     # With max_staleness > 0 rollouts run while the policy trains, so the hf backend samples from a copy of it (the
     # behaviour policy), which takes the trained weights between two steps' rollouts.
@@ -191,15 +191,17 @@ def _token_budget(curriculum: Curriculum) -> int:
 
 
 def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, rollout: RolloutSettings,
-                  seed: int) -> Generator:
-    """An in-process vLLM engine started from the model directory."""
-    from trajlab.inference.vllm import VLLMGenerator
+                  seed: int, lora_rank: int | None) -> Generator:
+    """An in-process vLLM engine started from the model directory; with LoRA, serving the adapter unmerged (the base
+    weights never move after the start)."""
+    from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args
 
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
-    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency, engine_args=placed.engine_args(),
-                         batching=placed.vllm.batching)
+    adapters = adapter_engine_args(lora_rank) if lora_rank else {}
+    return VLLMGenerator(model, seed=seed, max_batch_size=rollout.concurrency,
+                         engine_args=placed.engine_args() | adapters, batching=placed.vllm.batching)
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,
