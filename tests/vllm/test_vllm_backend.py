@@ -24,19 +24,11 @@ from trajlab.models.loading import load_model
 from .noisy_env import SPEC as NOISY
 
 pytest.importorskip("vllm", reason="the vLLM lane: `scripts/test.sh --vllm` runs tests/vllm in .venv-vllm")
-QUESTIONS = ["hi", "what is 2 + 3?", "add 4 and 5, then multiply by 2"]
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     return VLLMGenerator(tiny_model_dir, max_batch_size=8)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_tokenizer):
-    rendered = [tiny_tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                                   add_generation_prompt=True) for q in QUESTIONS]
-    return [tiny_tokenizer.encode(text, add_special_tokens=False) for text in rendered]
 
 
 def generate(generator, prompts, params):

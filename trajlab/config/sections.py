@@ -58,6 +58,11 @@ class VLLMSettings(Section):
     """How episodes' turns reach the engine: continuous (each request joins and leaves the running batch on its own,
     so a finished turn's episode goes on while others still generate) or lockstep (batches handed to
     ``LLM.generate``, each waiting for its slowest request). Not an engine argument: trajlab's own."""
+    server: str | None = None
+    """A running ``vllm serve`` (``http://host:port/v1``, optionally ``#model``) that RL rolls out on instead of an
+    in-process engine, loading the trained LoRA adapter into it after each update (rl.lora required). The server runs
+    with ``--enable-lora --max-lora-rank R --logprobs-mode processed_logprobs`` and
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and reads the RL output's ``adapters`` folder. Not an engine argument."""
 
 
 class ModelSettings(Section):
@@ -87,7 +92,7 @@ class ModelSettings(Section):
     def engine_args(self) -> dict[str, Any]:
         """The keyword arguments this section gives ``vllm.LLM``: the vllm settings that are set, and the dtype
         unless it is auto (the engine then loads the checkpoint's own)."""
-        args = self.vllm.model_dump(exclude_none=True, exclude={"batching"})
+        args = self.vllm.model_dump(exclude_none=True, exclude={"batching", "server"})
         return args if self.dtype == AUTO else args | {"dtype": self.dtype}
 
 

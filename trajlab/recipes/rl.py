@@ -126,7 +126,8 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
     update = _policy_update(model, settings, placed.dtype, where, accelerator, curriculum, tokenizer, processor)
     policy = accelerator.unwrap_model(update.policy)
     if sampler is None and placed.backend == "vllm" and not rollout.workers:  # workers start engines of their own
-        sampler = _vllm_sampler(model, placed, rollout, seed, settings.lora.r if settings.lora else None)
+        sampler = _vllm_sampler(model, placed, rollout, seed, settings.lora.r if settings.lora else None,
+                                tokenizer, out)
     in_process = sampler is None and not rollout.workers
     # With max_staleness > 0 rollouts run while the policy trains, so the hf backend samples from a copy of it (the
     # behaviour policy), which takes the trained weights between two steps' rollouts.
@@ -190,11 +191,31 @@ def _token_budget(curriculum: Curriculum) -> int:
     return max(limit.max_turns * limit.max_new_tokens for limit in limits)
 
 
+def _server_sampler(url: str, lora_rank: int | None, tokenizer: Any, out: Path) -> Generator:
+    """A running ``vllm serve`` (``model.vllm.server``) as the sampler: rollouts over its API, the trained adapter
+    loaded into it after each update, written under the run directory."""
+    from trajlab.inference.openai_client import served_model, split_policy_url
+    from trajlab.inference.vllm_server import SERVER_FLAGS, VLLMServerGenerator
+
+    if lora_rank is None:
+        raise UserError(f"model.vllm.server ({url}) takes LoRA adapters only: set rl.lora (e.g. --lora-r 16), and "
+                        f"run the server as: {SERVER_FLAGS}.")
+    base_url, name = split_policy_url(url)
+    try:
+        model = served_model(base_url, name)
+    except ValueError as exc:
+        raise UserError(f"model.vllm.server: {exc}") from exc
+    return VLLMServerGenerator(base_url, model, tokenizer, adapter_dir=out / "adapters")
+
+
 def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, rollout: RolloutSettings,
-                  seed: int, lora_rank: int | None) -> Generator:
+                  seed: int, lora_rank: int | None, tokenizer: Any, out: Path) -> Generator:
     """An in-process vLLM engine started from the model directory; with LoRA, serving the adapter unmerged (the base
-    weights never move after the start)."""
+    weights never move after the start). With ``model.vllm.server``, that running server instead (LoRA only)."""
     from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args
+
+    if placed.vllm.server:
+        return _server_sampler(placed.vllm.server, lora_rank, tokenizer, out)
 
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "
