@@ -12,6 +12,7 @@ import pytest
 from trajlab.collection.engines import load_rollout_policy
 from trajlab.config import ModelSettings, RolloutSettings, ServeSettings, load_config
 from trajlab.env import load_env
+from trajlab.errors import UserError
 from trajlab.proxy.server import build_app
 from trajlab.recipes.rl import _vllm_sampler
 
@@ -28,6 +29,7 @@ def engines(monkeypatch):
     class LLM:
         def __init__(self, **kwargs):
             started.append(kwargs)
+            self.llm_engine = types.SimpleNamespace()  # what continuous batching steps
 
     platform = types.SimpleNamespace(is_cpu=lambda: True, is_sleep_mode_available=lambda: False)
     vllm = types.ModuleType("vllm")
@@ -56,10 +58,28 @@ def test_collect_and_eval_engines_get_the_model_section(engines, tiny_model_dir)
     _checked(engines, tiny_model_dir)
 
 
-def test_the_rl_sampler_gets_the_model_section(engines, tiny_model_dir):
-    _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(SECTION), RolloutSettings(), seed=3)
+def test_the_rl_sampler_gets_the_model_section(engines, tiny_model_dir, tmp_path):
+    _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(SECTION), RolloutSettings(), seed=3,
+                  lora_rank=None, tokenizer=None, out=tmp_path)
     _checked(engines, tiny_model_dir)
-    assert engines[0]["seed"] == 3
+    assert engines[0]["seed"] == 3 and "enable_lora" not in engines[0]
+
+
+def test_with_lora_the_rl_engine_serves_the_adapter(engines, tiny_model_dir, tmp_path):
+    generator = _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(SECTION), RolloutSettings(), seed=3,
+                              lora_rank=12, tokenizer=None, out=tmp_path)
+    _checked(engines, tiny_model_dir)
+    assert {key: engines[0][key] for key in ("enable_lora", "max_loras", "max_lora_rank")} == {
+        "enable_lora": True, "max_loras": 1, "max_lora_rank": 16}, "the smallest rank vLLM takes that holds 12"
+    assert generator.serves_adapters
+
+
+def test_an_external_server_without_lora_is_refused_before_any_engine(engines, tiny_model_dir, tmp_path):
+    section = SECTION | {"vllm": {"server": "http://127.0.0.1:9/v1"}}
+    with pytest.raises(UserError, match=r"takes LoRA adapters only: set rl\.lora"):
+        _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(section), RolloutSettings(), seed=0,
+                      lora_rank=None, tokenizer=None, out=tmp_path)
+    assert not engines
 
 
 def test_serve_gets_the_model_section(engines, tiny_model_dir):
@@ -67,8 +87,9 @@ def test_serve_gets_the_model_section(engines, tiny_model_dir):
     _checked(engines, tiny_model_dir)
 
 
-def test_defaults_keep_the_eager_engine_in_the_checkpoints_dtype(engines, tiny_model_dir):
-    _vllm_sampler(str(tiny_model_dir), ModelSettings(backend="vllm"), RolloutSettings(), seed=0)
+def test_defaults_keep_the_eager_engine_in_the_checkpoints_dtype(engines, tiny_model_dir, tmp_path):
+    _vllm_sampler(str(tiny_model_dir), ModelSettings(backend="vllm"), RolloutSettings(), seed=0, lora_rank=None,
+                  tokenizer=None, out=tmp_path)
     args = engines[0]
     assert args["enforce_eager"] is True and args["dtype"] == "float32"
     assert "gpu_memory_utilization" not in args and "max_model_len" not in args, "vLLM's own defaults"

@@ -100,6 +100,8 @@ class OpenAIGenerator:
         self.name = name or f"{self.base_url}#{model}"
         self.text_only = False
         """True once the server has answered a turn without token ids."""
+        self.batches = 0
+        """Requests sent so far (the server batches them as it likes)."""
         self._client: openai.AsyncOpenAI | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -110,6 +112,7 @@ class OpenAIGenerator:
             extra["stop_token_ids"] = list(params.stop_token_ids)  # vLLM; trajlab serve stops on its template's
         if params.top_k > 0:
             extra["top_k"] = params.top_k  # vLLM; trajlab serve ignores it
+        self.batches += 1
         try:
             response = await self._connection().completions.create(
                 model=self.model, prompt=request.prompt_ids, max_tokens=params.max_new_tokens,

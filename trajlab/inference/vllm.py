@@ -99,25 +99,31 @@ class VLLMGenerator(BatchingGenerator):
         }
         if seed is not None:
             args["seed"] = seed
-        self.llm = vllm.LLM(**(args | (engine_args or {})))
+        self._args = args | (engine_args or {})
+        self.llm = vllm.LLM(**self._args)
         self._vllm = vllm
         self.default_stops = _eos_ids(model_dir)
         self.name = name or str(model_dir)
         self._said_no_sleep = False
         self.generated_tokens = 0
-        self.batches = 0
+        self._batches = 0
         self.weight_loads = 0
         self.prompt_tokens = 0
         """Prompt tokens of the finished requests, and of those the ones vLLM's prefix cache held (not prefilled)."""
         self.cached_prompt_tokens = 0
         self.batching = batching
-        self.serves_adapters = self.llm.llm_engine.vllm_config.lora_config is not None
+        self.serves_adapters = bool(self._args.get("enable_lora"))
         self.adapter: Any = None
         """The LoRA adapter every request is served with (:meth:`load_adapter`), None before the first."""
         self._adapters = tempfile.TemporaryDirectory(prefix="trajlab-vllm-adapters-")
         self._engine_lock = threading.Lock()
         continuous = batching == "continuous"
         self._engine_loop = EngineLoop(self.llm.llm_engine, self._engine_lock, self._finished) if continuous else None
+
+    @property
+    def batches(self) -> int:
+        """Generate calls so far: ``LLM.generate`` calls (lockstep), or engine steps (continuous)."""
+        return self._batches + (self._engine_loop.steps if self._engine_loop is not None else 0)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """The request's tokens: through the engine loop (continuous), or in the next batch (lockstep)."""
@@ -144,7 +150,7 @@ class VLLMGenerator(BatchingGenerator):
         with self._engine_lock:
             outputs = self.llm.generate(prompts, [self._sampling(r.params, r.seed) for r in requests],
                                         use_tqdm=False, lora_request=self.adapter)
-        self.batches += 1
+        self._batches += 1
         return [self._finished(output) for output in outputs]
 
     def _finished(self, output: Any) -> GenerationResult:

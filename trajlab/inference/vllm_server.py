@@ -14,11 +14,13 @@ RL with one trains LoRA.
 
 from __future__ import annotations
 
+import json
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
-import httpx
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.errors import UserError
@@ -70,10 +72,13 @@ class VLLMServerGenerator(OpenAIGenerator):
 
     def _post(self, endpoint: str, body: dict[str, Any]) -> None:
         url = f"{self.base_url}/{endpoint}"
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
         try:
-            response = httpx.post(url, json=body, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=120)
-        except httpx.HTTPError as exc:
+            with urllib.request.urlopen(request, timeout=120):
+                return
+        except urllib.error.HTTPError as exc:
+            raise ServerError(f"{url} answered HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}. The "
+                              f"server must run as: {SERVER_FLAGS}; and read {self.adapter_dir}.") from exc
+        except OSError as exc:
             raise ServerError(f"cannot reach {url} ({exc}): is the vLLM server still running?") from exc
-        if response.status_code != 200:
-            raise ServerError(f"{url} answered HTTP {response.status_code}: {response.text[:500]}. The server must "
-                              f"run as: {SERVER_FLAGS}; and read {self.adapter_dir}.")

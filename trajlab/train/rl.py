@@ -100,8 +100,9 @@ def train_rl(parts: RLComponents, settings: RLSettings, rollout: RolloutSettings
     parts.model.eval()
     try:
         with loop.outputs(report_to, run_config, resumed_at=start if resume else None, on_step=on_step):
+            calls = lambda: getattr(parts.sampler, "batches", 0)  # noqa: E731 - a sampler may not count its calls
             loop.feed = RolloutFeed(loop.rollouts, start=start, steps=settings.steps,
-                                    max_staleness=settings.max_staleness, calls=lambda: parts.sampler.batches)
+                                    max_staleness=settings.max_staleness, calls=calls)
             try:
                 for step in range(start, settings.steps):
                     waited = time.perf_counter()
