@@ -76,7 +76,6 @@ def same_episode(remote, local) -> None:
     assert remote.tokens.loss_mask == local.tokens.loss_mask
     gaps = [abs(a - b) for a, b in zip(remote.tokens.logprobs, local.tokens.logprobs, strict=True) if a is not None]
     wide = [i for i, gap in enumerate(gaps) if gap >= 1e-4]
-    print("MAXGAP", max(gaps))
     assert gaps and not wide, f"{remote.id}: logprob gaps up to {max(gaps, default=0):.3g} at {wide} of {len(gaps)}"
 
 
