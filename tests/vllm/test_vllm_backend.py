@@ -50,6 +50,17 @@ def max_gap(a, b):
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
+def lora_rl(model_dir, tokenizer, out, **sampling):
+    """Two RL steps with a rank-4 LoRA on the noisy env, sampled as ``sampling`` says (``sampler=``, or ``backend=``
+    and ``vllm=``); the merged final model's directory."""
+    pytest.importorskip("peft")
+    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
+                          lora=LoraSettings(r=4, alpha=8))
+    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
+    return trajlab.rl(model_dir, NOISY, out, tokenizer=tokenizer, rollout=rollout, **sampling,
+                      **settings.model_dump())
+
+
 @pytest.fixture
 def restore(engine, tiny_model_dir):
     yield
@@ -159,12 +170,7 @@ def test_three_rl_steps_with_the_engine_as_sampler_change_its_outputs(engine, pr
 
 def test_rl_with_lora_hands_the_engine_the_merged_weights(engine, prompts, tiny_model_dir, tiny_tokenizer, tmp_path,
                                                           restore):
-    pytest.importorskip("peft")
-    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
-                          lora=LoraSettings(r=4, alpha=8))
-    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
-    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout, sampler=engine,
-                       **settings.model_dump())
+    final = lora_rl(tiny_model_dir, tiny_tokenizer, tmp_path, sampler=engine)
     merged, base = load_model(final), load_model(tiny_model_dir)  # out/final holds the adapter merged in
     results = generate(engine, prompts, SamplingParams(max_new_tokens=8, temperature=0.0))
     for prompt, result in zip(prompts, results, strict=True):
@@ -182,12 +188,7 @@ def adapter_engine(tiny_model_dir):
 def test_rl_with_lora_hands_an_adapter_engine_the_adapter_alone(adapter_engine, prompts, tiny_model_dir,
                                                                 tiny_tokenizer, tmp_path):
     """An engine serving adapters gets only the trained adapter after each step; its base weights never move."""
-    pytest.importorskip("peft")
-    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
-                          lora=LoraSettings(r=4, alpha=8))
-    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
-    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout,
-                       sampler=adapter_engine, **settings.model_dump())
+    final = lora_rl(tiny_model_dir, tiny_tokenizer, tmp_path, sampler=adapter_engine)
     assert adapter_engine.weight_loads == 2 and adapter_engine.adapter is not None
     merged, base = load_model(final), load_model(tiny_model_dir)
     params = SamplingParams(max_new_tokens=8, temperature=0.0)

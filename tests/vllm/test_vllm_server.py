@@ -17,7 +17,6 @@ import urllib.request
 import pytest
 
 import trajlab
-from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.errors import UserError
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.vllm import _saved_dtype
@@ -25,7 +24,7 @@ from trajlab.inference.vllm_server import VLLMServerGenerator
 from trajlab.models.loading import load_model
 
 from .noisy_env import SPEC as NOISY
-from .test_vllm_backend import forward_logprobs, max_gap
+from .test_vllm_backend import forward_logprobs, lora_rl, max_gap
 
 pytest.importorskip("vllm", reason="the vLLM lane: `scripts/test.sh --vllm` runs tests/vllm in .venv-vllm")
 
@@ -63,12 +62,7 @@ def server(tiny_model_dir, tmp_path_factory):
 
 def test_rl_rolls_out_on_a_vllm_server_and_loads_the_trained_adapter_into_it(server, prompts, tiny_model_dir,
                                                                             tiny_tokenizer, tmp_path):
-    pytest.importorskip("peft")
-    settings = RLSettings(steps=2, tasks_per_step=2, group_size=2, learning_rate=3e-2, save_steps=2,
-                          lora=LoraSettings(r=4, alpha=8))
-    rollout = RolloutSettings(concurrency=4, max_turns=1, max_new_tokens=8)
-    final = trajlab.rl(tiny_model_dir, NOISY, tmp_path, tokenizer=tiny_tokenizer, rollout=rollout, backend="vllm",
-                       vllm={"server": server}, **settings.model_dump())
+    final = lora_rl(tiny_model_dir, tiny_tokenizer, tmp_path, backend="vllm", vllm={"server": server})
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(records) == 2
     # The server sampled what the trainer computes: after each sync the logged mismatch stays near zero.
