@@ -4,7 +4,10 @@ vLLM is not installed in the main venv (its lane, tests/vllm, runs it for real o
 ``vllm`` module records the engine's keyword arguments; everything between the config and that call is trajlab's own.
 """
 
+import http.server
+import json
 import sys
+import threading
 import types
 
 import pytest
@@ -74,11 +77,46 @@ def test_with_lora_the_rl_engine_serves_the_adapter(engines, tiny_model_dir, tmp
     assert generator.serves_adapters
 
 
-def test_an_external_server_without_lora_is_refused_before_any_engine(engines, tiny_model_dir, tmp_path):
+def test_an_external_server_that_cannot_be_reached_is_refused_before_any_engine(engines, tiny_model_dir, tmp_path):
     section = SECTION | {"vllm": {"server": "http://127.0.0.1:9/v1"}}
-    with pytest.raises(UserError, match=r"takes LoRA adapters only: set rl\.lora"):
+    with pytest.raises(UserError, match=r"model.vllm.server: cannot reach an OpenAI-compatible server"):
         _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(section), RolloutSettings(), seed=0,
                       lora_rank=None, tokenizer=None, out=tmp_path)
+    assert not engines
+
+
+class _NoWeightTransfer(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that lists a model and has none of vLLM's weight-transfer endpoints."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
+                                                           "owned_by": "test"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_without_lora_a_server_that_cannot_take_weights_is_refused_before_any_step(engines, tiny_model_dir,
+                                                                                   tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoWeightTransfer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    section = SECTION | {"vllm": {"server": f"http://127.0.0.1:{server.server_port}/v1"}}
+    try:
+        with pytest.raises(UserError, match=r"(?s)cannot take full weights: .*get_world_size answered HTTP 404.*"
+                                            r"trajlab_gloo.*VLLM_SERVER_DEV_MODE=1.*Or train with rl.lora"):
+            _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(section), RolloutSettings(), seed=0,
+                          lora_rank=None, tokenizer=None, out=tmp_path)
+    finally:
+        server.shutdown()
+        server.server_close()
     assert not engines
 
 

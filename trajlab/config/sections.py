@@ -60,9 +60,11 @@ class VLLMSettings(Section):
     ``LLM.generate``, each waiting for its slowest request). Not an engine argument: trajlab's own."""
     server: str | None = None
     """A running ``vllm serve`` (``http://host:port/v1``, optionally ``#model``) that RL rolls out on instead of an
-    in-process engine, loading the trained LoRA adapter into it after each update (rl.lora required). The server runs
-    with ``--enable-lora --max-lora-rank R --logprobs-mode processed_logprobs`` and
-    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, and reads the RL output's ``adapters`` folder. Not an engine argument."""
+    in-process engine. After each update it gets the trained LoRA adapter (it runs with ``--enable-lora
+    --max-lora-rank R`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and reads the RL output's ``adapters`` folder),
+    or without LoRA every weight, broadcast in buckets (it runs with ``--weight-transfer-config
+    '{"backend": "trajlab_gloo"}'`` and ``VLLM_SERVER_DEV_MODE=1``, trajlab installed beside vLLM). Either way with
+    ``--logprobs-mode processed_logprobs``. Not an engine argument."""
 
 
 class ModelSettings(Section):

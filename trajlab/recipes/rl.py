@@ -192,26 +192,31 @@ def _token_budget(curriculum: Curriculum) -> int:
 
 
 def _server_sampler(url: str, lora_rank: int | None, tokenizer: Any, out: Path) -> Generator:
-    """A running ``vllm serve`` (``model.vllm.server``) as the sampler: rollouts over its API, the trained adapter
-    loaded into it after each update, written under the run directory."""
-    from trajlab.inference.openai_client import served_model, split_policy_url
-    from trajlab.inference.vllm_server import SERVER_FLAGS, VLLMServerGenerator
+    """A running ``vllm serve`` (``model.vllm.server``) as the sampler: rollouts over its API; after each update the
+    trained adapter (written under the run directory) loaded into it, or without LoRA every weight broadcast to it,
+    through a transfer group opened here, before the first step, so a server that cannot take them fails first."""
+    from trajlab.inference.openai_client import ServerError, served_model, split_policy_url
+    from trajlab.inference.vllm_server import VLLMServerGenerator
 
-    if lora_rank is None:
-        raise UserError(f"model.vllm.server ({url}) takes LoRA adapters only: set rl.lora (e.g. --lora-r 16), and "
-                        f"run the server as: {SERVER_FLAGS}.")
     base_url, name = split_policy_url(url)
     try:
         model = served_model(base_url, name)
     except ValueError as exc:
         raise UserError(f"model.vllm.server: {exc}") from exc
-    return VLLMServerGenerator(base_url, model, tokenizer, adapter_dir=out / "adapters")
+    sampler = VLLMServerGenerator(base_url, model, tokenizer, adapter_dir=out / "adapters")
+    if lora_rank is None:
+        try:
+            sampler.connect_weight_transfer()
+        except ServerError as exc:
+            raise UserError(f"model.vllm.server ({url}) cannot take full weights: {exc} Or train with rl.lora "
+                            "(e.g. --lora-r 16) to send adapters only.") from exc
+    return sampler
 
 
 def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, rollout: RolloutSettings,
                   seed: int, lora_rank: int | None, tokenizer: Any, out: Path) -> Generator:
     """An in-process vLLM engine started from the model directory; with LoRA, serving the adapter unmerged (the base
-    weights never move after the start). With ``model.vllm.server``, that running server instead (LoRA only)."""
+    weights never move after the start). With ``model.vllm.server``, that running server instead."""
     from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args
 
     if placed.vllm.server:
