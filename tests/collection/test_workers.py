@@ -6,10 +6,12 @@ import asyncio
 import itertools
 import socket
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from trajlab.chat.parsers import get_parser
 from trajlab.collection.workers import RayRolloutRunner, WorkerSpec, _move_into_run
@@ -20,6 +22,7 @@ from trajlab.errors import UserError
 from trajlab.evolution.adapter import TrajlabAdapter
 from trajlab.inference.base import SamplingParams
 from trajlab.inference.policy import load_policy
+from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.rollout.engine import make_engine
 from trajlab.rollout.runner import Episode
 
@@ -37,13 +40,17 @@ def episodes():
     return [Episode(f"e{i}:{t['task_id']}", t, split="test") for i, t in enumerate(tasks)]
 
 
-@pytest.fixture(scope="module")
-def in_process(tiny_model_dir, episodes):
-    """The same episodes on the in-process engine: what the workers must reproduce, token for token."""
-    policy = load_policy(str(tiny_model_dir), device="cpu", dtype="auto", backend="hf", max_batch_size=32)
+def run_in_process(model_dir, episodes):
+    """``episodes`` on the in-process engine over ``model_dir``: what the workers must reproduce, token for token."""
+    policy = load_policy(str(model_dir), device="cpu", dtype="auto", backend="hf", max_batch_size=32)
     with make_engine(ARITHMETIC, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
                      parser=get_parser("auto", policy.tokenizer), sampling=SAMPLING, limits=LIMITS, seed=3) as engine:
         return {t.id: t for t in asyncio.run(engine.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0))}
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_model_dir, episodes):
+    return run_in_process(tiny_model_dir, episodes)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +150,41 @@ def test_evolve_candidates_reach_every_worker(runner, tiny_model_dir, episodes, 
     described = {tool["function"]["description"] for t in remote.values() for tool in t.tools
                  if tool["function"]["name"] == "add"}
     assert "Sum of a and b." in described and len(described) == 2, "each candidate's own tool descriptions"
+
+
+def test_weights_reach_every_worker_in_one_broadcast_and_a_replacement_gets_them(runner, marker, episodes,
+                                                                                 tiny_model_dir, tmp_path):
+    """Trained weights go to both workers in one broadcast (each byte sent once), not through Ray's object store;
+    a worker killed after the sync is replaced by one that gets the same weights before its first episode."""
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():  # the trained weights: moved far enough to change what is sampled
+        generator = torch.Generator().manual_seed(0)
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    model.save_pretrained(tmp_path / "trained")
+    load_tokenizer(tiny_model_dir).save_pretrained(tmp_path / "trained")
+    expected = {key: trajectory.model_copy(update={"policy": str(tiny_model_dir)})  # the workers' policy name
+                for key, trajectory in run_in_process(tmp_path / "trained", episodes).items()}
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    sent = runner.sent_bytes
+    try:
+        runner.load_weights(model)
+        assert runner.sent_bytes - sent == size, "one broadcast for both workers"
+        for trajectory in asyncio.run(runner.run(episodes, concurrency=8, retries=0, retry_backoff_s=1.0)):
+            same_episode(trajectory, expected[trajectory.id])
+        replaced = runner.replaced
+        marker.unlink()
+        retried = asyncio.run(runner.run(episodes, concurrency=8, retries=2, retry_backoff_s=0.1))
+        assert marker.exists() and runner.replaced == replaced + 1, "a worker was killed and replaced"
+        for trajectory in retried:  # wherever it ran, the replacement included, from the trained weights
+            assert trajectory.status != "error"
+            same_episode(trajectory, expected[trajectory.id])
+        deadline = time.monotonic() + 60  # its transfer runs in a thread of its own; its episodes waited for it
+        while runner.sent_bytes - sent < 2 * size and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert runner.sent_bytes - sent == 2 * size, "the replacement got the weights last sent"
+    finally:
+        runner.load_weights(load_model(tiny_model_dir))  # the module's other tests see the model as it is
 
 
 def test_workers_asking_for_gpus_the_cluster_lacks_are_refused_at_once(runner):

@@ -9,8 +9,11 @@ so where an episode runs does not change what it samples.
 
 A worker that dies takes its episodes in flight with it: each comes back as an ``error`` trajectory naming the
 worker (the runner's retries run it again elsewhere), and the dead worker is replaced by a fresh one that gets the
-latest weights. After an optimizer step, :meth:`RayRolloutRunner.load_weights` puts the trainer's weights in Ray's
-object store once and every worker copies them into its generator.
+latest weights. After an optimizer step, :meth:`RayRolloutRunner.load_weights` broadcasts the trainer's weights to
+every worker at once in packed buckets over a gloo process group of their own
+(:mod:`trajlab.inference.weight_broadcast`; each byte leaves the trainer once, whatever the number of workers), not
+through Ray's object store. The trainer keeps a host copy of the weights it last sent, from which a replacement
+worker gets them before its first episode.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError, require
+from trajlab.inference import weight_broadcast
 from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.types import Trajectory
 
@@ -70,6 +76,7 @@ class RolloutWorker:
         self.engine = rollout_engine(spec.env, policy, rollout=spec.rollout, temperature=spec.temperature,
                                      seed=spec.seed)
         self._base = self.engine
+        self._group: Any = None
 
     async def run_episode(self, episode: Episode) -> Trajectory:
         return await self.engine.run_episode(episode)
@@ -90,6 +97,16 @@ class RolloutWorker:
         else:
             raise TypeError(f"the {type(self.generator).__name__} policy of this worker takes no weights: RL with "
                             "rollout workers needs a model directory (hf or vllm backend)")
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the trainer's weight transfer group (in place of any earlier one); returns once every rank has."""
+        self._group = weight_broadcast.open_group(host, port, rank, world_size)
+
+    def receive_weights(self, description: dict[str, list]) -> None:
+        """Receive the weights the trainer broadcasts (``description`` says what they are) and take them."""
+        weights: dict[str, torch.Tensor] = {}
+        weight_broadcast.receive(self._group, description, weights.update)
+        self.load_weights(weights)
 
     def counters(self) -> dict[str, int]:
         """The generator's work so far (``batches``: generate calls), for the driver's step metrics."""
@@ -132,7 +149,12 @@ class RayRolloutRunner(EpisodeRunner):
                                 "or a bigger cluster.")
         self._actor = self._ray.remote(RolloutWorker).options(num_cpus=worker_cpus, num_gpus=worker_gpus,
                                                               max_concurrency=spec.rollout.concurrency + 4)
-        self._weights: Any = None  # the latest weights' object ref, for workers started later
+        self._weights: dict[str, torch.Tensor] | None = None  # a host copy of the latest weights sent, for replacements
+        self._description: dict[str, list] = {}
+        self._group: Any = None
+        self._group_workers: list[Any] = []  # the workers in the transfer group, trainer at rank 0
+        self.sent_bytes = 0
+        """Bytes of weights the trainer broadcast so far (once per sync, whatever the number of workers)."""
         self._presented: tuple[str, dict[str, str]] | None = None  # the latest present(), likewise
         self.workers = [self._actor.remote(spec) for _ in range(workers)]
         self._load = [0] * workers  # episodes in flight per worker
@@ -158,12 +180,40 @@ class RayRolloutRunner(EpisodeRunner):
             self._load[index] -= 1
 
     def load_weights(self, model: torch.nn.Module) -> None:
-        """Every worker's generator takes ``model``'s weights (a PEFT model's adapters merged in)."""
+        """Every worker's generator takes ``model``'s weights (a PEFT model's adapters merged in), broadcast to all of
+        them at once; the transfer group is formed again when a worker was replaced since the last sync."""
         from trajlab.inference.vllm import full_weights
 
-        weights = {name: tensor.to("cpu") for name, tensor in full_weights(model).items()}
-        self._weights = self._ray.put(weights)
-        self._ray.get([worker.load_weights.remote(self._weights) for worker in self.workers])
+        self._weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in full_weights(model).items()}
+        self._description = weight_broadcast.describe(self._weights.items())
+        if self._group_workers != self.workers:
+            self._group = self._form_group(self.workers)
+            self._group_workers = list(self.workers)
+        self.sent_bytes += self._broadcast(self._group, self.workers)
+
+    def _form_group(self, workers: list[Any]) -> Any:
+        """A transfer group of the trainer (rank 0, serving the rendezvous on this node) and ``workers``."""
+        host, port = self._rendezvous()
+        joined = [worker.join_weight_group.remote(host, port, rank, len(workers) + 1)
+                  for rank, worker in enumerate(workers, start=1)]
+        group = weight_broadcast.open_group(host, port, 0, len(workers) + 1)
+        self._ray.get(joined)
+        return group
+
+    def _rendezvous(self) -> tuple[str, int]:
+        """This node's address, as Ray knows it, and a free port on it."""
+        host = self._ray.util.get_node_ip_address()
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return host, sock.getsockname()[1]
+
+    def _broadcast(self, group: Any, workers: list[Any]) -> int:
+        """Send the latest weights over ``group``, which ``workers`` receive; the bytes sent."""
+        assert self._weights is not None
+        received = [worker.receive_weights.remote(self._description) for worker in workers]
+        sent = weight_broadcast.send(group, self._weights.items(), self._description)
+        self._ray.get(received)
+        return sent
 
     def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
         """Every worker shows the model this system prompt and these tool descriptions from now on (prompt
@@ -204,12 +254,27 @@ class RayRolloutRunner(EpisodeRunner):
             return
         logger.warning("rollout worker %d died; starting a new one", index)
         fresh = self._actor.remote(self.spec)
-        if self._weights is not None:
-            fresh.load_weights.remote(self._weights)  # actor calls run in order: before any episode it gets
+        if self._weights is not None:  # the weights last sent, before any episode: actor calls run in order
+            host, port = self._rendezvous()
+            calls = [fresh.join_weight_group.remote(host, port, 1, 2), fresh.receive_weights.remote(self._description)]
+            threading.Thread(target=self._send_to, args=(host, port, self._weights, self._description, calls),
+                             name="trajlab-worker-weights", daemon=True).start()
         if self._presented is not None:
             fresh.present.remote(*self._presented)
         self.workers[index] = fresh
         self.replaced += 1
+
+    def _send_to(self, host: str, port: int, weights: dict[str, torch.Tensor], description: dict[str, list],
+                 calls: list[Any]) -> None:
+        """Serve a replacement's own transfer group and send it ``weights`` (in a thread: the runner's event loop
+        goes on meanwhile; the replacement's episodes queue behind ``calls``, its join and receive)."""
+        try:
+            group = weight_broadcast.open_group(host, port, 0, 2)
+            sent = weight_broadcast.send(group, weights.items(), description)
+            self._ray.get(calls)
+            self.sent_bytes += sent
+        except Exception:  # the replacement died too: its episodes come back as errors and it is replaced again
+            logger.exception("rollout worker replacement: sending it the weights failed")
 
     def _start_ray(self, address: str, run_dir: str | Path | None, cpus: float) -> None:
         options: dict[str, Any] = {"include_dashboard": False, "configure_logging": False, "log_to_driver": False}
