@@ -116,7 +116,8 @@ def _run_without(code: str, hidden: list[str] = OPTIONAL) -> subprocess.Complete
 
 def test_core_modules_import_without_the_extras():
     feature_modules = ("trajlab.proxy", "trajlab.evolution.search", "trajlab.evolution.adapter",
-                       "trajlab.env.builtin.bfcl", "trajlab.env.builtin.odd_one_out")
+                       "trajlab.env.builtin.bfcl", "trajlab.env.builtin.odd_one_out",
+                       "trajlab.inference.vllm_weight_engine")  # imported by vLLM's processes only
     modules = [m.name for m in pkgutil.walk_packages(trajlab.__path__, "trajlab.")
                if not m.name.startswith(feature_modules) and not m.name.endswith("__main__")]  # a script, run
     assert "trajlab.cli" in modules and "trajlab.train.rl" in modules and "trajlab.recipes.pipeline" in modules
