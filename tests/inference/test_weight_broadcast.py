@@ -23,6 +23,7 @@ def weights() -> list[tuple[str, torch.Tensor]]:
     wide = torch.randn(6, 40, generator=generator)
     return [
         ("embed.weight", torch.randn(50, 8, generator=generator).to(torch.bfloat16)),
+        ("embed.scale", torch.randn(3, generator=generator).to(torch.bfloat16)),  # 6 bytes: the next is misaligned
         ("layer.0.norm", torch.randn(8, generator=generator)),
         ("layer.0.proj", wide[:, ::2]),  # not contiguous
         ("layer.0.big", torch.randn(64, 64, generator=generator)),  # larger than a bucket: travels alone
@@ -35,7 +36,7 @@ def test_every_weight_arrives_bit_exact_in_buckets_no_larger_than_the_bound_but_
     sent = weights()
     description = weight_broadcast.describe(sent, bucket_bytes=1024)
     assert description["names"] == [name for name, _ in sent]
-    assert description["dtype_names"][0] == "bfloat16" and description["shapes"][2] == [6, 20]
+    assert description["dtype_names"][0] == "bfloat16" and description["shapes"][3] == [6, 20]
     assert sum(description["buckets"]) == len(sent) and len(description["buckets"]) > 2
     start = 0
     for count in description["buckets"]:
@@ -67,7 +68,7 @@ def test_every_weight_arrives_bit_exact_in_buckets_no_larger_than_the_bound_but_
 def test_a_weight_that_is_not_the_one_described_stops_before_its_bucket_goes_out() -> None:
     sent = weights()
     description = weight_broadcast.describe(sent)
-    swapped = [sent[1], sent[0], *sent[2:]]
+    swapped = [sent[2], sent[0], sent[1], *sent[3:]]
     group = weight_broadcast.open_group("127.0.0.1", free_port(), 0, 1, timeout_s=10)
     with pytest.raises(ValueError, match=r"weight 0 is \('layer.0.norm'.*receiver was told \('embed.weight'"):
         weight_broadcast.send(group, swapped, description)

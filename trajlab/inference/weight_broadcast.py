@@ -4,8 +4,7 @@ process group of their own, the trainer at rank 0.
 Both ends are here, so they cannot disagree on the wire: the trainer describes the weights (names, dtypes, shapes and
 how many go into each bucket), sends that description over the engine's control plane (an HTTP call), then
 broadcasts each bucket as one flat byte buffer; the engine allocates each bucket from the description, receives it
-and hands its tensors, viewed in place, to the model's loader. No dict of every tensor is built on either side: one
-bucket at a time is in flight.
+and hands its tensors, viewed in place, to the model's loader. One bucket at a time is packed and on the wire.
 
 The group is gloo (CPU tensors, any machine) and owns no global state: it is made from a ``TCPStore`` directly, so
 it lives beside whatever process group the trainer or the engine already has.
@@ -92,7 +91,10 @@ def receive(group: Any, description: dict[str, list], load: Callable[[list[tuple
         _broadcast(group, flat)
         weights, offset = [], 0
         for name, dtype, shape, size in zip(names, dtypes, shapes, sizes, strict=True):
-            weights.append((name, flat[offset:offset + size].view(_dtype(dtype)).view(shape)))
+            data = flat[offset:offset + size]
+            if offset % _dtype(dtype).itemsize:  # after an odd-sized weight of a narrower dtype: copied to align it
+                data = data.clone()
+            weights.append((name, data.view(_dtype(dtype)).view(shape)))
             offset += size
         load(weights)
         received += flat.numel()
