@@ -8,6 +8,7 @@ import http.server
 import json
 import sys
 import threading
+import time
 import types
 
 import pytest
@@ -88,10 +89,12 @@ def test_an_external_server_that_cannot_be_reached_is_refused_before_any_engine(
 class _NoWeightTransfer(http.server.BaseHTTPRequestHandler):
     """An OpenAI-compatible server that lists a model and has none of vLLM's weight-transfer endpoints."""
 
+    answers = {"/v1/models": {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
+                                                          "owned_by": "test"}]}}
+
     def do_GET(self):  # noqa: N802 - http.server's name
-        if self.path == "/v1/models":
-            body = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
-                                                           "owned_by": "test"}]}).encode()
+        if self.path in self.answers:
+            body = json.dumps(self.answers[self.path]).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -100,24 +103,38 @@ class _NoWeightTransfer(http.server.BaseHTTPRequestHandler):
         else:
             self.send_error(404)
 
+    def do_POST(self):  # noqa: N802
+        self.send_error(400, "Weight transfer not configured")
+
     def log_message(self, *args):
         pass
 
 
-def test_without_lora_a_server_that_cannot_take_weights_is_refused_before_any_step(engines, tiny_model_dir,
-                                                                                   tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoWeightTransfer)
+class _RefusesWeightTransfer(_NoWeightTransfer):
+    """Has vLLM's world-size endpoint (development mode) but refuses to start a weight transfer (no backend)."""
+
+    answers = _NoWeightTransfer.answers | {"/get_world_size": {"world_size": 1}}
+
+
+@pytest.mark.parametrize(("handler", "refusal"), [(_NoWeightTransfer, "get_world_size answered HTTP 404"),
+                                                  (_RefusesWeightTransfer, "init_weight_transfer_engine answered "
+                                                                           "HTTP 400")])
+def test_without_lora_a_server_that_cannot_take_weights_is_refused_before_any_step(engines, tiny_model_dir, tmp_path,
+                                                                                   handler, refusal):
+    """At once: the trainer does not wait out the transfer group's rendezvous for a server that refused to join."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     section = SECTION | {"vllm": {"server": f"http://127.0.0.1:{server.server_port}/v1"}}
+    started = time.monotonic()
     try:
-        with pytest.raises(UserError, match=r"(?s)cannot take full weights: .*get_world_size answered HTTP 404.*"
+        with pytest.raises(UserError, match=rf"(?s)cannot take full weights: .*{refusal}.*"
                                             r"trajlab_gloo.*VLLM_SERVER_DEV_MODE=1.*Or train with rl.lora"):
             _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(section), RolloutSettings(), seed=0,
                           lora_rank=None, tokenizer=None, out=tmp_path)
     finally:
         server.shutdown()
         server.server_close()
-    assert not engines
+    assert time.monotonic() - started < 30 and not engines
 
 
 def test_serve_gets_the_model_section(engines, tiny_model_dir):

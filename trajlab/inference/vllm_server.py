@@ -89,10 +89,9 @@ class VLLMServerGenerator(OpenAIGenerator):
         engines = self._call(f"{self._root}/get_world_size")["world_size"]
         host, port = weight_broadcast.trainer_endpoint(self._root)
         init = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": engines + 1}
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the server's ranks wait in the rendezvous the trainer serves
-            joined = pool.submit(self._post, f"{self._root}/init_weight_transfer_engine", {"init_info": init})
-            self._group = weight_broadcast.open_group(host, port, 0, engines + 1)
-            joined.result()
+        serving = weight_broadcast.open_group_in_background(host, port, 0, engines + 1)
+        self._post(f"{self._root}/init_weight_transfer_engine", {"init_info": init})  # returns once its ranks joined
+        self._group = serving.result(timeout=weight_broadcast.TIMEOUT_S)
 
     def load_full_weights(self, model: Any) -> None:
         """Broadcast every weight of ``model`` to the server in buckets, generation paused meanwhile (requests

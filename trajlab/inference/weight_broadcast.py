@@ -16,7 +16,9 @@ import datetime
 import itertools
 import math
 import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
 from typing import Any
 from urllib.parse import urlparse
 
@@ -33,6 +35,21 @@ def open_group(host: str, port: int, rank: int, world_size: int, timeout_s: floa
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+
+def open_group_in_background(host: str, port: int, rank: int, world_size: int) -> Future:
+    """:func:`open_group` in a daemon thread: its future, so the caller can drive the other ranks' join meanwhile and
+    give up on a refusal at once rather than after the rendezvous' timeout."""
+    opened: Future = Future()
+
+    def run() -> None:
+        try:
+            opened.set_result(open_group(host, port, rank, world_size))
+        except Exception as exc:  # noqa: BLE001 - the caller's result() raises it
+            opened.set_exception(exc)
+
+    threading.Thread(target=run, name="trajlab-weight-group", daemon=True).start()
+    return opened
 
 
 def trainer_endpoint(server_url: str) -> tuple[str, int]:
