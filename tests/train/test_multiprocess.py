@@ -25,8 +25,8 @@ LAUNCH = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--
 ONE = [sys.executable, "-m", "trajlab.cli"]
 
 
-def run(command: list[str], cwd: Path) -> None:
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def run(command: list[str], cwd: Path, **env_vars: str) -> None:
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"} | env_vars
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -79,6 +79,39 @@ def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
     # Adam moves each weight by about its learning rate whatever the gradient's scale; summing the gradient over
     # two processes instead of one changes it by rounding only
     assert moved > 0.5 * lr / 3 and apart < 1e-3, (moved, apart)
+
+
+def test_rl_with_workers_in_two_processes_matches_one_and_a_killed_worker_costs_nothing(terse_model_dir, tmp_path):
+    """``rollout.workers`` under ``accelerate launch``: the main process drives two Ray workers, which roll out every
+    task, and both processes train on their share; the same rollouts, losses and weights as one process driving
+    the same workers. A worker killed in the middle of the second step (its episode's reset SIGKILLs it) costs
+    nothing: its episodes run again on the other worker or its replacement, none lost, none trained twice."""
+    pytest.importorskip("ray")
+    from ..rollout.dying_env import DRIVER, MARKER, TASK
+
+    common = ["rl", "--model", str(terse_model_dir), "--env", "tests.rollout.dying_env:LENGTH", "--steps", "2",
+              "--tasks-per-step", "2", "--group-size", "4", "--learning-rate", "1e-3", "--device", "cpu",
+              "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=48", "--set", "rollout.concurrency=8",
+              "--set", "rollout.workers=2", "--set", "rollout.retry_backoff_s=0.1", "--set", "rl.temperature=1.0",
+              "--set", "rl.rewards={env: 1.0}"]
+    run([*ONE, *common, "--out", str(tmp_path / "one")], ROOT)
+    marker = tmp_path / "died"  # the second step's first task kills its worker; no trainer process runs an env
+    run([*LAUNCH, *common, "--out", str(tmp_path / "two")], ROOT, **{MARKER: str(marker), DRIVER: "0",
+                                                                      TASK: "train-2"})
+    assert marker.exists(), "a worker was killed"
+    steps = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+             for name in ("one", "two")}
+    assert [s["perf/processes"] for s in steps["one"] + steps["two"]] == [1, 1, 2, 2]
+    assert [s["rollout/workers_replaced"] for s in steps["two"]] == [0, 1]
+    assert steps["two"][1]["rollout/retries"] >= 1 and steps["two"][1]["rollout/errors"] == 0, "run again"
+    for single, double in zip(steps["one"], steps["two"], strict=True):
+        assert double["reward/mean"] == single["reward/mean"]
+        assert double["rollout/episodes"] == single["rollout/episodes"] == 8, "none lost, none twice"
+        assert double["optim/trained_sequences"] == single["optim/trained_sequences"] > 0
+        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
+        assert double["mismatch/abs_logprob"] < 1e-4, "the workers sampled from the trainer's weights"
+    moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 0.5e-3 and apart < 1e-3, (moved, apart)
 
 
 def test_sft_two_processes_match_one(tiny_model_dir, tmp_path):

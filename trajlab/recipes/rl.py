@@ -97,7 +97,7 @@ def rl(
     where = training_device(placed.device)
     # The scheduler counts optimizer steps: accelerate would otherwise step a prepared one once per process.
     accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
-    _check_layout(trained_on, rollout, accelerator)
+    _check_layout(trained_on, rollout)
     set_seed(seed)
     parts = _components(model, chosen, rollout, placed, trained_on, accelerator, where, tokenizer, processor,
                         sampler=sampler, seed=seed, out=Path(out))
@@ -107,15 +107,11 @@ def rl(
                     report_to=report_to, run_config=run_config)
 
 
-def _check_layout(curriculum: Curriculum, rollout: RolloutSettings, accelerator: Accelerator) -> None:
+def _check_layout(curriculum: Curriculum, rollout: RolloutSettings) -> None:
     """Refuse what rollout workers cannot do yet, before any model is loaded."""
     if rollout.workers and curriculum.staged:
         raise UserError("a curriculum changes envs and limits between steps, which rollout workers start with: set "
                         "rollout.workers: 0 to train with a curriculum.")
-    if rollout.workers and accelerator.num_processes > 1:
-        raise UserError("rollout.workers runs rollouts on Ray actors from one trainer process; under "
-                        f"{accelerator.num_processes} processes (accelerate launch) set rollout.workers: 0, and each "
-                        "process rolls out its share of the tasks.")
 
 
 def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollout: RolloutSettings,
@@ -153,13 +149,20 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
 
     # temperature only: the recorded logprobs (of the distribution sampled from) are then log_softmax(logits / T),
     # exactly what the update recomputes for the ratio
-    runners = ([_workers(model, curriculum, settings, rollout, placed, seed, out)] if rollout.workers else
-               [engine(stage, generator, settings.temperature) for stage in range(len(curriculum.stages))])
+    # With rollout workers the main process drives them, rolling out every task; the other processes (accelerate
+    # launch) roll out none and train on their share of what it gathered.
+    if rollout.workers:
+        runners = ([_workers(model, curriculum, settings, rollout, placed, seed, out)] if accelerator.is_main_process
+                   else [EpisodeRunner()])
+        sampler = runners[0] if accelerator.is_main_process else None
+    else:
+        runners = [engine(stage, generator, settings.temperature) for stage in range(len(curriculum.stages))]
+        sampler = generator
     return RLComponents(accelerator=accelerator, model=policy, update=update, curriculum=curriculum,
-                        runners=runners, greedy_runner=greedy, sampler=runners[0] if rollout.workers else generator,
-                        behaviour=behaviour, off_policy=not in_process or settings.max_staleness > 0,
-                        tokenizer=tokenizer, chat_template=template, parser=get_parser(rollout.parser, tokenizer),
-                        processor=processor)
+                        runners=runners, greedy_runner=greedy, sampler=sampler, behaviour=behaviour,
+                        off_policy=not in_process or settings.max_staleness > 0, tokenizer=tokenizer,
+                        chat_template=template, parser=get_parser(rollout.parser, tokenizer), processor=processor,
+                        rollouts_on_main=bool(rollout.workers))
 
 
 def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dtype: str, where: torch.device,

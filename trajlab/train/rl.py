@@ -72,6 +72,8 @@ class RLComponents:
         behaviour: asynchronous RL on the ``hf`` backend: the copy of the policy the rollouts sample from.
         off_policy: the rollouts are not sampled by the trained model's own forward pass (another engine, workers,
             or possibly stale weights): ``importance_sampling: auto`` corrects for it.
+        rollouts_on_main: the main process rolls out every task (on rollout workers) and the others none; else each
+            process rolls out its share. Either way every process then trains on its share of all of them.
     """
 
     accelerator: Accelerator
@@ -87,6 +89,7 @@ class RLComponents:
     chat_template: str
     parser: ToolCallParser
     processor: Any = None
+    rollouts_on_main: bool = False
 
 
 def train_rl(parts: RLComponents, settings: RLSettings, rollout: RolloutSettings, out_dir: Path, *, seed: int,
@@ -171,7 +174,10 @@ class _Loop:
         self.plans[step] = [group_episodes(step, i, task, self.settings.group_size)
                             for i, task in enumerate(step_tasks)]
         accelerator = self.parts.accelerator
-        mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
+        if self.parts.rollouts_on_main:
+            mine = range(len(step_tasks) if accelerator.is_main_process else 0)
+        else:
+            mine = range(accelerator.process_index, len(step_tasks), accelerator.num_processes)
         runner = self.parts.runners[self.stage_of[step]]
         return await runner.run([e for i in mine for e in self.plans[step][i]], concurrency=self.rollout.concurrency,
                                 retries=self.rollout.retries, retry_backoff_s=self.rollout.retry_backoff_s)
