@@ -22,9 +22,10 @@ from .test_tracking import undocumented
 ROLLOUT = {"max_turns": 1, "max_new_tokens": 8, "concurrency": 8}
 
 
-def rl(model_dir, out, curriculum, env="arithmetic", **settings) -> list[dict]:
+def rl(model_dir, out, curriculum, env="arithmetic", rollout=None, **settings) -> list[dict]:
     settings = {"steps": 3, "tasks_per_step": 2, "group_size": 2, "save_steps": 1, "learning_rate": 1e-3} | settings
-    trajlab.rl(model_dir, env, out, device="cpu", rollout=ROLLOUT, curriculum=curriculum, **settings)
+    trajlab.rl(model_dir, env, out, device="cpu", rollout=ROLLOUT | (rollout or {}), curriculum=curriculum,
+               **settings)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -40,14 +41,21 @@ def promotions(out) -> list[dict]:
     return [json.loads(line) for line in (out / "curriculum.jsonl").read_text().splitlines()]
 
 
-def test_each_step_draws_from_its_stage_and_every_promotion_is_logged(tiny_model_dir, tmp_path):
-    curriculum = {"stages": [
-        {"name": "small", "difficulty": {"max_operand": 2}, "promote": {"steps": 1}},
-        {"name": "mixed", "env": {"arithmetic": 1, "guess": 1}, "difficulty": {"min_high": 4, "max_high": 8},
-         "promote": {"metric": "heldout_success", "every": 1, "tasks": 2, "threshold": 0.0}},
-        {"name": "wide", "env": "guess", "difficulty": {"min_high": 64}, "max_turns": 2},
-    ]}
-    records = rl(tiny_model_dir, tmp_path, curriculum)
+THREE_STAGES = {"stages": [
+    {"name": "small", "difficulty": {"max_operand": 2}, "promote": {"steps": 1}},
+    {"name": "mixed", "env": {"arithmetic": 1, "guess": 1}, "difficulty": {"min_high": 4, "max_high": 8},
+     "promote": {"metric": "heldout_success", "every": 1, "tasks": 2, "threshold": 0.0}},
+    {"name": "wide", "env": "guess", "difficulty": {"min_high": 64}, "max_turns": 2},
+]}
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, id="rollout workers")])
+def test_each_step_draws_from_its_stage_and_every_promotion_is_logged(tiny_model_dir, tmp_path, workers):
+    """In-process, and on Ray rollout workers, which hold an engine per stage (its env, knobs and limits)."""
+    if workers:
+        pytest.importorskip("ray")
+    records = rl(tiny_model_dir, tmp_path, THREE_STAGES, rollout={"workers": workers})
+    assert ("rollout/workers_replaced" in records[0]) == bool(workers), "the episodes ran where they were asked to"
     assert [r["curriculum/stage"] for r in records] == [0, 1, 2]
     assert "curriculum/heldout_success" in records[1] and "curriculum/heldout_success" not in records[0]
     assert undocumented({name for record in records for name in record}) == []

@@ -62,6 +62,8 @@ class WorkerSpec:
     """Parser, prompts, limits; ``concurrency`` is each worker's batch size and episodes at once."""
     temperature: float
     seed: int
+    stages: tuple[tuple[EnvSpec | EnvMixture, dict[str, int | float]], ...] = ()
+    """A curriculum's stages, each its env (prompts resolved) and limit overrides; none: ``env`` is the only one."""
 
 
 class RolloutWorker:
@@ -76,10 +78,13 @@ class RolloutWorker:
         self.engine = rollout_engine(spec.env, policy, rollout=spec.rollout, temperature=spec.temperature,
                                      seed=spec.seed)
         self._base = self.engine
+        self._stages = [rollout_engine(env, policy, rollout=spec.rollout, temperature=spec.temperature,
+                                       seed=spec.seed, limits=limits) for env, limits in spec.stages]
         self._group: Any = None
 
-    async def run_episode(self, episode: Episode) -> Trajectory:
-        return await self.engine.run_episode(episode)
+    async def run_episode(self, episode: Episode, stage: int | None = None) -> Trajectory:
+        """Roll out ``episode`` on the worker's engine, or on a curriculum stage's."""
+        return await (self.engine if stage is None else self._stages[stage]).run_episode(episode)
 
     def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
         """Show the model this system prompt and these tool descriptions from the next episode on (a prompt
@@ -116,7 +121,8 @@ class RolloutWorker:
         return os.getpid()
 
     def close(self) -> None:
-        self._base.close()  # engines made by with_env share its threads
+        for engine in (self._base, *self._stages):  # engines made by with_env share their threads
+            engine.close()
 
 
 class RayRolloutRunner(EpisodeRunner):
@@ -167,17 +173,24 @@ class RayRolloutRunner(EpisodeRunner):
         """Generate calls of every live worker so far."""
         return sum(c["batches"] for c in self._ray.get([w.counters.remote() for w in self.workers]))
 
-    async def run_episode(self, episode: Episode) -> Trajectory:
+    async def run_episode(self, episode: Episode, stage: int | None = None) -> Trajectory:
+        """Run ``episode`` on the least loaded worker (on a curriculum ``stage``'s engine when given)."""
         index = min(range(len(self.workers)), key=self._load.__getitem__)
         worker = self.workers[index]
         self._load[index] += 1
         try:
-            return await worker.run_episode.remote(episode)
+            return await worker.run_episode.remote(episode, stage)
         except self._ray.exceptions.RayActorError as exc:
             self._replace(index, worker)
             return _lost(self.spec.env, episode, f"rollout worker {index} died: {type(exc).__name__}: {exc}")
         finally:
             self._load[index] -= 1
+
+    def stage(self, stage: int) -> EpisodeRunner:
+        """The runner of a curriculum stage (``WorkerSpec.stages``): these workers, on that stage's engines."""
+        if not 0 <= stage < len(self.spec.stages):
+            raise ValueError(f"these workers know {len(self.spec.stages)} curriculum stages, not stage {stage}")
+        return _Stage(self, stage)
 
     def load_weights(self, model: torch.nn.Module) -> None:
         """Every worker's generator takes ``model``'s weights (a PEFT model's adapters merged in), broadcast to all of
@@ -291,6 +304,20 @@ class RayRolloutRunner(EpisodeRunner):
             options["address"] = address
         self._ray.init(**options)
         self._started_ray = True
+
+
+class _Stage(EpisodeRunner):
+    """A curriculum stage's view of a :class:`RayRolloutRunner`: its episodes run on that stage's engines. The stages
+    share the workers, so closing any of them closes the runner (a training run closes them all at its end)."""
+
+    def __init__(self, runner: RayRolloutRunner, stage: int) -> None:
+        self.runner, self.index = runner, stage
+
+    async def run_episode(self, episode: Episode) -> Trajectory:
+        return await self.runner.run_episode(episode, self.index)
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def _temp_dir(run_dir: Path) -> str:

@@ -13,7 +13,7 @@ import copy
 import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate import Accelerator
@@ -40,6 +40,9 @@ from trajlab.train.placement import training_device
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
 from trajlab.train.update import PolicyUpdate
+
+if TYPE_CHECKING:
+    from trajlab.collection.workers import RayRolloutRunner
 
 
 def rl(
@@ -97,7 +100,6 @@ def rl(
     where = training_device(placed.device)
     # The scheduler counts optimizer steps: accelerate would otherwise step a prepared one once per process.
     accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
-    _check_layout(trained_on, rollout)
     set_seed(seed)
     parts = _components(model, chosen, rollout, placed, trained_on, accelerator, where, tokenizer, processor,
                         sampler=sampler, seed=seed, out=Path(out))
@@ -105,13 +107,6 @@ def rl(
                   "backend": placed.backend}
     return train_rl(parts, chosen, rollout, Path(out), seed=seed, resume=resume, on_step=on_step,
                     report_to=report_to, run_config=run_config)
-
-
-def _check_layout(curriculum: Curriculum, rollout: RolloutSettings) -> None:
-    """Refuse what rollout workers cannot do yet, before any model is loaded."""
-    if rollout.workers and curriculum.staged:
-        raise UserError("a curriculum changes envs and limits between steps, which rollout workers start with: set "
-                        "rollout.workers: 0 to train with a curriculum.")
 
 
 def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollout: RolloutSettings,
@@ -152,9 +147,11 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
     # With rollout workers the main process drives them, rolling out every task; the other processes (accelerate
     # launch) roll out none and train on their share of what it gathered.
     if rollout.workers:
-        runners = ([_workers(model, curriculum, settings, rollout, placed, seed, out)] if accelerator.is_main_process
-                   else [EpisodeRunner()])
-        sampler = runners[0] if accelerator.is_main_process else None
+        workers = _workers(model, curriculum, settings, rollout, placed, seed, out) if accelerator.is_main_process \
+            else None
+        stages = range(len(curriculum.stages))
+        runners = [workers.stage(i) if workers else EpisodeRunner() for i in stages]
+        sampler = workers
     else:
         runners = [engine(stage, generator, settings.temperature) for stage in range(len(curriculum.stages))]
         sampler = generator
@@ -234,14 +231,16 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
 
 
 def _workers(model: str | Path | PreTrainedModel, curriculum: Curriculum, settings: RLSettings,
-             rollout: RolloutSettings, placed: ModelSettings, seed: int, out: Path) -> EpisodeRunner:
-    """Ray actors rolling out the policy as the in-process engine would (same sampling, limits, prompt, seed)."""
+             rollout: RolloutSettings, placed: ModelSettings, seed: int, out: Path) -> RayRolloutRunner:
+    """Ray actors rolling out the policy as the in-process engine would (same sampling, limits, prompt, seed), with
+    an engine for each curriculum stage."""
     from trajlab.collection.workers import RayRolloutRunner, WorkerSpec
 
     if not isinstance(model, str | Path):
         raise UserError("rollout.workers start their policies from a model directory: save the model "
                         "(save_pretrained) and pass its path.")
     env, resolved = resolve_prompts(curriculum.stages[0].env, rollout)
+    stages = tuple((resolve_prompts(stage.env, rollout)[0], stage.limits) for stage in curriculum.stages)
     spec = WorkerSpec(env=env, policy=str(model), tokenizer=None, model=placed, rollout=resolved,
-                      temperature=settings.temperature, seed=seed)
+                      temperature=settings.temperature, seed=seed, stages=stages)
     return RayRolloutRunner(spec, run_dir=out)
