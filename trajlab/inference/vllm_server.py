@@ -23,7 +23,7 @@ import json
 import shutil
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, wait
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +89,15 @@ class VLLMServerGenerator(OpenAIGenerator):
         engines = self._call(f"{self._root}/get_world_size")["world_size"]
         host, port = weight_broadcast.trainer_endpoint(self._root)
         init = {"master_address": host, "master_port": port, "rank_offset": 1, "world_size": engines + 1}
-        serving = weight_broadcast.open_group_in_background(host, port, 0, engines + 1)
+        serving = weight_broadcast.in_thread(weight_broadcast.open_group, host, port, 0, engines + 1)
         self._post(f"{self._root}/init_weight_transfer_engine", {"init_info": init})  # returns once its ranks joined
         self._group = serving.result(timeout=weight_broadcast.TIMEOUT_S)
 
     def load_full_weights(self, model: Any) -> None:
         """Broadcast every weight of ``model`` to the server in buckets, generation paused meanwhile (requests
-        kept), then drop its prefix cache (computed with the old weights) and resume."""
+        kept), then drop its prefix cache (computed with the old weights) and resume. A server that fails the
+        update fails it at once (the broadcast, stuck without its receiver, is left to time out in its thread) and
+        the next sync opens a new transfer group."""
         from trajlab.inference.vllm import full_weights
 
         self.connect_weight_transfer()
@@ -104,10 +106,7 @@ class VLLMServerGenerator(OpenAIGenerator):
         self._post(f"{self._root}/pause?mode=keep", {})
         try:
             self._post(f"{self._root}/start_weight_update", {})
-            with ThreadPoolExecutor(max_workers=1) as pool:  # the server receives inside this call
-                received = pool.submit(self._post, f"{self._root}/update_weights", {"update_info": description})
-                self.sent_bytes += weight_broadcast.send(self._group, weights.items(), description)
-                received.result()
+            self.sent_bytes += self._send_while_received(weights, description)
             self._post(f"{self._root}/finish_weight_update", {})
             # Requests kept through the pause are preempted and recomputed with the new weights.
             reset = self._post(f"{self._root}/reset_prefix_cache?reset_running_requests=true", {})
@@ -117,6 +116,23 @@ class VLLMServerGenerator(OpenAIGenerator):
         finally:
             self._post(f"{self._root}/resume", {})
         self.weight_loads += 1
+
+    def _send_while_received(self, weights: dict[str, Any], description: dict[str, list]) -> int:
+        """The broadcast while the server receives inside its ``update_weights`` call, each in a thread of its own;
+        the first to fail is raised at once (the other, stuck without its peer, times out in its thread), and the
+        group, left mid-transfer, is dropped. The bytes sent."""
+        sending = weight_broadcast.in_thread(weight_broadcast.send, self._group, weights.items(), description)
+        receiving = weight_broadcast.in_thread(self._post, f"{self._root}/update_weights", {"update_info": description})
+        wait([sending, receiving], timeout=weight_broadcast.TIMEOUT_S, return_when=FIRST_EXCEPTION)
+        try:
+            for future in (receiving, sending):
+                if future.done() and future.exception() is not None:
+                    raise future.exception()
+            receiving.result(timeout=0)
+            return sending.result(timeout=0)
+        except BaseException:
+            self._group = None
+            raise
 
     def sleep(self) -> None:
         """Nothing: the server's memory is its own, on its own devices."""
@@ -144,3 +160,4 @@ class VLLMServerGenerator(OpenAIGenerator):
         except ValueError:
             return {}
         return answer if isinstance(answer, dict) else {}
+

@@ -37,19 +37,19 @@ def open_group(host: str, port: int, rank: int, world_size: int, timeout_s: floa
     return dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
 
-def open_group_in_background(host: str, port: int, rank: int, world_size: int) -> Future:
-    """:func:`open_group` in a daemon thread: its future, so the caller can drive the other ranks' join meanwhile and
-    give up on a refusal at once rather than after the rendezvous' timeout."""
-    opened: Future = Future()
+def in_thread(function: Callable[..., Any], *args: Any) -> Future:
+    """``function(*args)`` in a daemon thread, its future: for a collective (a rendezvous, a broadcast) that the caller
+    must be free to give up on when the peer fails, rather than wait out its timeout."""
+    done: Future = Future()
 
     def run() -> None:
         try:
-            opened.set_result(open_group(host, port, rank, world_size))
-        except Exception as exc:  # noqa: BLE001 - the caller's result() raises it
-            opened.set_exception(exc)
+            done.set_result(function(*args))
+        except BaseException as exc:  # noqa: BLE001 - raised by whoever reads the future
+            done.set_exception(exc)
 
-    threading.Thread(target=run, name="trajlab-weight-group", daemon=True).start()
-    return opened
+    threading.Thread(target=run, name="trajlab-weight-transfer", daemon=True).start()
+    return done
 
 
 def trainer_endpoint(server_url: str) -> tuple[str, int]:
