@@ -18,6 +18,7 @@ worker gets them before its first episode.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -69,7 +70,8 @@ class WorkerSpec:
 class RolloutWorker:
     """The body of one Ray actor: an in-process engine over the worker's own policy."""
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, held: bool = False) -> None:
+        """``held``: a replacement, whose episodes wait until :meth:`take_over` gave it what the others have."""
         from trajlab.collection.engines import load_rollout_policy, rollout_engine
 
         policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, max_batch_size=spec.rollout.concurrency,
@@ -81,10 +83,27 @@ class RolloutWorker:
         self._stages = [rollout_engine(env, policy, rollout=spec.rollout, temperature=spec.temperature,
                                        seed=spec.seed, limits=limits) for env, limits in spec.stages]
         self._group: Any = None
+        self._ready = threading.Event()
+        if not held:
+            self._ready.set()
 
     async def run_episode(self, episode: Episode, stage: int | None = None) -> Trajectory:
-        """Roll out ``episode`` on the worker's engine, or on a curriculum stage's."""
+        """Roll out ``episode`` on the worker's engine, or on a curriculum stage's (a held replacement's first
+        episodes wait for its :meth:`take_over`: Ray may run an async actor's calls out of order)."""
+        if not self._ready.is_set():
+            await asyncio.to_thread(self._ready.wait)
         return await (self.engine if stage is None else self._stages[stage]).run_episode(episode)
+
+    def take_over(self, rendezvous: tuple[str, int] | None, description: dict[str, list],
+                  presented: tuple[str, dict[str, str]] | None) -> None:
+        """A replacement's setup in one call, then its episodes may run: the weights last sent (over a group of its
+        own with the trainer serving ``rendezvous``) and the prompt shown (``presented``)."""
+        if rendezvous is not None:
+            self.join_weight_group(*rendezvous, 1, 2)
+            self.receive_weights(description)
+        if presented is not None:
+            self.present(*presented)
+        self._ready.set()
 
     def present(self, system_prompt: str, tool_descriptions: dict[str, str]) -> None:
         """Show the model this system prompt and these tool descriptions from the next episode on (a prompt
@@ -266,14 +285,14 @@ class RayRolloutRunner(EpisodeRunner):
         if self.workers[index] is not dead:
             return
         logger.warning("rollout worker %d died; starting a new one", index)
-        fresh = self._actor.remote(self.spec)
-        if self._weights is not None:  # the weights last sent, before any episode: actor calls run in order
-            host, port = self._rendezvous()
-            calls = [fresh.join_weight_group.remote(host, port, 1, 2), fresh.receive_weights.remote(self._description)]
-            threading.Thread(target=self._send_to, args=(host, port, self._weights, self._description, calls),
-                             name="trajlab-worker-weights", daemon=True).start()
-        if self._presented is not None:
-            fresh.present.remote(*self._presented)
+        held = self._weights is not None or self._presented is not None
+        fresh = self._actor.remote(self.spec, held)
+        if held:  # the weights last sent and the prompt shown, before any episode of its
+            rendezvous = self._rendezvous() if self._weights is not None else None
+            call = fresh.take_over.remote(rendezvous, self._description, self._presented)
+            if rendezvous is not None:
+                threading.Thread(target=self._send_to, args=(*rendezvous, self._weights, self._description, [call]),
+                                 name="trajlab-worker-weights", daemon=True).start()
         self.workers[index] = fresh
         self.replaced += 1
 
