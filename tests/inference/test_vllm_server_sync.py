@@ -20,6 +20,7 @@ class _FailsTheUpdate(http.server.BaseHTTPRequestHandler):
     """Joins the trainer's transfer group, then answers ``update_weights`` with an error without receiving."""
 
     calls: list[str] = []
+    group = None  # its transfer rank, kept alive: a server that fails an update has not crashed
 
     def do_GET(self):  # noqa: N802 - http.server's name
         self.calls.append(self.path)
@@ -30,7 +31,8 @@ class _FailsTheUpdate(http.server.BaseHTTPRequestHandler):
         self.calls.append(self.path.split("?")[0])
         if self.path == "/init_weight_transfer_engine":
             info = body["init_info"]
-            weight_broadcast.open_group(info["master_address"], info["master_port"], 1, info["world_size"])
+            type(self).group = weight_broadcast.open_group(info["master_address"], info["master_port"], 1,
+                                                           info["world_size"])
         if self.path == "/update_weights":
             self._answer(500, {"error": "the model has no weight named 'nope'"})
         else:
@@ -63,5 +65,7 @@ def test_a_server_failing_the_update_fails_the_sync_at_once_resumes_and_gets_a_n
     finally:
         server.shutdown()
         server.server_close()
+        _FailsTheUpdate.group = None  # its rank leaves: the trainer's stuck broadcast fails and its thread ends
+        time.sleep(1)
     assert _FailsTheUpdate.calls[-4:] == ["/pause", "/start_weight_update", "/update_weights", "/resume"]
     assert generator._group is None and generator.weight_loads == 0, "the next sync opens a new group"
