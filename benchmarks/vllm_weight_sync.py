@@ -28,13 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _sync_models import sync_models
 from peft import LoraConfig, get_peft_model
 
 from trajlab.inference.vllm import VLLMGenerator, _saved_dtype, adapter_engine_args, full_weights
 from trajlab.inference.vllm_server import VLLMServerGenerator
-from trajlab.models.archs import init_arch_model
 from trajlab.models.loading import load_model
-from trajlab.models.tiny import init_tiny_model
 
 
 def median_seconds(sync: Callable[[], None], reps: int) -> float:
@@ -105,11 +104,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-vllm-weight-sync")
     args = parser.parse_args()
-    models = {"tiny": args.work / "tiny", "qwen3-0.6b, 2 layers": args.work / "qwen3-0.6b-2l"}
-    if not (models["tiny"] / "config.json").is_file():
-        init_tiny_model(models["tiny"], seed=0)
-    if not (models["qwen3-0.6b, 2 layers"] / "config.json").is_file():
-        init_arch_model("qwen3-0.6b", models["qwen3-0.6b, 2 layers"], layers=2, seed=0)
+    models = sync_models(args.work)
     rows = {name: measure(path, args.rank, args.reps) for name, path in models.items()}
     print(f"LoRA rank {args.rank}, median of {args.reps} syncs after a warm-up")
     print("| model | full weights merged: MB | in-process copy s | to a server, gloo buckets s | adapter alone: MB "

@@ -21,14 +21,13 @@ from pathlib import Path
 
 import ray
 import torch
+from _sync_models import sync_models
 
 from trajlab.collection.workers import RayRolloutRunner, WorkerSpec
 from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env import load_env
 from trajlab.inference.vllm import full_weights
-from trajlab.models.archs import init_arch_model
 from trajlab.models.loading import load_model
-from trajlab.models.tiny import init_tiny_model
 
 
 def object_store_sync(runner: RayRolloutRunner, model: torch.nn.Module) -> None:
@@ -73,11 +72,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "trajlab-worker-weight-sync")
     args = parser.parse_args()
-    models = {"tiny": args.work / "tiny", "qwen3-0.6b, 2 layers": args.work / "qwen3-0.6b-2l"}
-    if not (models["tiny"] / "config.json").is_file():
-        init_tiny_model(models["tiny"], seed=0)
-    if not (models["qwen3-0.6b, 2 layers"] / "config.json").is_file():
-        init_arch_model("qwen3-0.6b", models["qwen3-0.6b, 2 layers"], layers=2, seed=0)
+    models = sync_models(args.work)
     rows = {name: measure(path, args.workers, args.reps) for name, path in models.items()}
     print(f"{args.workers} workers, median of {args.reps} syncs of each after a warm-up of each, alternating")
     print("| model | weights MB | object store s | broadcast s | object store / broadcast |")
