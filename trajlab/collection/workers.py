@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import stat
 import tempfile
 import threading
@@ -235,9 +234,7 @@ class RayRolloutRunner(EpisodeRunner):
     def _rendezvous(self) -> tuple[str, int]:
         """This node's address, as Ray knows it, and a free port on it."""
         host = self._ray.util.get_node_ip_address()
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            return host, sock.getsockname()[1]
+        return host, weight_broadcast.free_port(host)
 
     def _broadcast(self, group: Any, workers: list[Any]) -> int:
         """Send the latest weights over ``group``, which ``workers`` receive; the bytes sent."""

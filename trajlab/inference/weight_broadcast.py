@@ -58,9 +58,14 @@ def trainer_endpoint(server_url: str) -> tuple[str, int]:
     parsed = urlparse(server_url)
     with socket.create_connection((parsed.hostname, parsed.port or 80), timeout=10) as probe:
         host = probe.getsockname()[0]
+    return host, free_port(host)
+
+
+def free_port(host: str) -> int:
+    """A port on ``host`` nothing listens on now, for the trainer to serve a rendezvous at."""
     with socket.socket() as sock:
         sock.bind((host, 0))
-        return host, sock.getsockname()[1]
+        return sock.getsockname()[1]
 
 
 def describe(weights: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES) -> dict[str, list]:
