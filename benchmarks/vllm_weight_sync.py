@@ -31,8 +31,9 @@ import torch
 from _sync_models import sync_models
 from peft import LoraConfig, get_peft_model
 
-from trajlab.inference.vllm import VLLMGenerator, _saved_dtype, adapter_engine_args, full_weights
+from trajlab.inference.vllm import VLLMGenerator, _saved_dtype, adapter_engine_args
 from trajlab.inference.vllm_server import VLLMServerGenerator
+from trajlab.inference.weights import full_weights
 from trajlab.models.loading import load_model
 
 
@@ -54,7 +55,7 @@ def measure(model_dir: Path, rank: int, reps: int) -> dict[str, float]:
             if "lora_B" in name:
                 parameter.normal_(0, 0.01)
     adapter_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
-    full_bytes = sum(t.numel() * t.element_size() for t in full_weights(model).values())
+    full_bytes = sum(t.numel() * t.element_size() for t in dict(full_weights(model)).values())
     plain = VLLMGenerator(model_dir, max_batch_size=4)
     full_s = median_seconds(lambda: plain.load_named_weights(full_weights(model)), reps)
     plain.llm.llm_engine.engine_core.shutdown()

@@ -26,13 +26,13 @@ from _sync_models import sync_models
 from trajlab.collection.workers import RayRolloutRunner, WorkerSpec
 from trajlab.config import ModelSettings, RolloutSettings
 from trajlab.env import load_env
-from trajlab.inference.vllm import full_weights
+from trajlab.inference.weights import full_weights
 from trajlab.models.loading import load_model
 
 
 def object_store_sync(runner: RayRolloutRunner, model: torch.nn.Module) -> None:
     """The path before: the weights put in Ray's object store once, every worker getting and loading them."""
-    weights = ray.put({name: tensor.detach().to("cpu", copy=True) for name, tensor in full_weights(model).items()})
+    weights = ray.put({name: tensor.detach().to("cpu", copy=True) for name, tensor in full_weights(model)})
     ray.get([worker.load_weights.remote(weights) for worker in runner.workers])
 
 
@@ -62,7 +62,7 @@ def measure(model_dir: Path, workers: int, reps: int) -> dict[str, float]:
                 times[name].append(timed(sync))
     finally:
         runner.close()
-    size = sum(t.numel() * t.element_size() for t in full_weights(model).values())
+    size = sum(t.numel() * t.element_size() for t in dict(full_weights(model)).values())
     return {"mb": size / 1e6, **{f"{name}_s": statistics.median(values) for name, values in times.items()}}
 
 

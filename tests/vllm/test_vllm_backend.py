@@ -18,7 +18,8 @@ import trajlab
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
 from trajlab.inference.base import GenerationRequest, SamplingParams
 from trajlab.inference.hf import HFGenerator
-from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args, full_weights
+from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args
+from trajlab.inference.weights import full_weights
 from trajlab.models.loading import load_model
 
 from .noisy_env import SPEC as NOISY
@@ -139,7 +140,7 @@ def test_a_lora_model_is_merged_on_the_way_in(engine, prompts, tiny_model_dir, r
                 for p, r in zip(prompts, results, strict=True))
     assert moved > 0.01, "the adapter's update reached the engine"
     assert all(torch.equal(untouched[k], v) for k, v in model.state_dict().items()), "the model was left as it was"
-    assert not any("lora" in name for name in full_weights(model))
+    assert not any("lora" in name for name, _ in full_weights(model))
 
 
 def test_three_rl_steps_with_the_engine_as_sampler_change_its_outputs(engine, prompts, tiny_model_dir,

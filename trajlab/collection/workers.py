@@ -213,9 +213,9 @@ class RayRolloutRunner(EpisodeRunner):
     def load_weights(self, model: torch.nn.Module) -> None:
         """Every worker's generator takes ``model``'s weights (a PEFT model's adapters merged in), broadcast to all of
         them at once; the transfer group is formed again when a worker was replaced since the last sync."""
-        from trajlab.inference.vllm import full_weights
+        from trajlab.inference.weights import full_weights
 
-        self._weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in full_weights(model).items()}
+        self._weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in full_weights(model)}
         self._description = weight_broadcast.describe(self._weights.items())
         if self._group_workers != self.workers:
             self._group = self._form_group(self.workers)

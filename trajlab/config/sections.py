@@ -284,6 +284,12 @@ class RLSettings(TrainingSettings):
     importance sampling (on under auto). 0: synchronous, every step sampled by the weights just trained."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """How the trainer processes (accelerate launch) hold the policy. none: each holds all of its weights, gradients
+    and AdamW moments (data parallel). fsdp: each holds a slice of them (FSDP2), a decoder layer gathered whole only
+    for its forward and backward pass; a bfloat16 model then computes in bfloat16 over float32 sharded weights
+    (master_weights). Samplers get the weights gathered a layer at a time; the hf backend samples from a whole copy
+    of the policy in each process."""
 
 
 class EvalSettings(Section):

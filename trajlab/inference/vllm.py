@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from trajlab.errors import require
 from trajlab.inference.base import DEFAULT_BATCHING, Batching, GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.batching import BatchingGenerator, PendingRequest
 from trajlab.inference.vllm_loop import EngineLoop
+from trajlab.inference.weights import full_weights
 from trajlab.models.hub import resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -205,10 +207,11 @@ class VLLMGenerator(BatchingGenerator):
         shutil.rmtree(Path(self._adapters.name) / f"v{version - 2}", ignore_errors=True)
         self.weight_loads += 1
 
-    def load_named_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as the base checkpoint names them into the engine; its prefix cache is dropped."""
+    def load_named_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy ``(name, tensor)`` pairs, named as the base checkpoint names them, into the engine as they come;
+        its prefix cache is dropped."""
         with self._engine_lock:  # never in the middle of a step
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
             self.llm.reset_prefix_cache()
         self.weight_loads += 1
 
@@ -234,30 +237,6 @@ def adapter_engine_args(rank: int) -> dict[str, Any]:
     if rank > ranks[-1]:
         raise ValueError(f"vLLM serves LoRA adapters up to rank {ranks[-1]}; this one has rank {rank}")
     return {"enable_lora": True, "max_loras": 1, "max_lora_rank": next(r for r in ranks if r >= rank)}
-
-
-def full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights as the base checkpoint names them; a PEFT model's active LoRA adapters are merged into their
-    base weights on the fly (the model itself is left as it is)."""
-    if not hasattr(model, "peft_config"):
-        return {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    deltas = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
-            with torch.no_grad():
-                deltas[f"{name}.weight"] = sum(module.get_delta_weight(a) for a in module.active_adapters
-                                               if a in module.lora_A)
-    weights = {}
-    for key, tensor in base.state_dict().items():
-        if ".lora_" in key:
-            continue
-        name = key.replace(".base_layer.", ".")
-        delta = deltas.get(name)
-        weights[name] = tensor.detach() + delta if isinstance(delta, torch.Tensor) else tensor.detach()
-    return weights
 
 
 def _saved_dtype(model_dir: Path) -> str:

@@ -98,10 +98,10 @@ class VLLMServerGenerator(OpenAIGenerator):
         kept), then drop its prefix cache (computed with the old weights) and resume. A server that fails the
         update fails it at once (the broadcast, stuck without its receiver, is left to time out in its thread) and
         the next sync opens a new transfer group."""
-        from trajlab.inference.vllm import full_weights
+        from trajlab.inference.weights import full_weights
 
         self.connect_weight_transfer()
-        weights = full_weights(model)
+        weights = dict(full_weights(model))
         description = weight_broadcast.describe(weights.items())
         self._post(f"{self._root}/pause?mode=keep", {})
         try:

@@ -46,9 +46,10 @@ def trainable_model(model: str | Path | PreTrainedModel, *, device: torch.device
     return loaded
 
 
-def frozen_copy(model: str | Path | PreTrainedModel, *, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """The starting weights again, for a KL term's reference: the directory loaded once more, or a loaded model
-    copied (before any training touched it)."""
+def frozen_copy(model: str | Path | PreTrainedModel, *, device: torch.device,
+                dtype: torch.dtype | str) -> PreTrainedModel:
+    """The starting weights again, for a KL term's reference or a sampler's own copy: the directory loaded once more
+    (``dtype``: a ``model.dtype`` name or a dtype), or a loaded model copied (before any training touched it)."""
     if isinstance(model, str | Path):
         return load_model(model, device=device, dtype=dtype)
     return copy.deepcopy(model)

@@ -37,8 +37,10 @@ from trajlab.train.curriculum import Curriculum, build_stages
 from trajlab.train.lora import lora_config
 from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
+from trajlab.train.publish import GatherOnly, WholeCopy
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
+from trajlab.train.sharding import shard
 from trajlab.train.update import PolicyUpdate
 
 if TYPE_CHECKING:
@@ -114,16 +116,20 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
                 tokenizer: Any, processor: Any, *, sampler: Generator | None, seed: int, out: Path) -> RLComponents:
     """The policy (LoRA, reference, optimizer, scheduler, prepared by accelerate), what samples it, and the runners
     of every curriculum stage."""
+    sharded = settings.sharding == "fsdp"
+    in_process = sampler is None and not rollout.workers and placed.backend != "vllm"
+    _check_sharding(settings, placed, in_process, accelerator.num_processes)
+    # the hf backend under sharding samples from a whole copy, made before a loaded model is sharded in place
+    whole = frozen_copy(model, device=where, dtype=placed.dtype) if sharded and in_process else None
     update = _policy_update(model, settings, placed.dtype, where, accelerator, curriculum, tokenizer, processor)
     policy = accelerator.unwrap_model(update.policy)
     if sampler is None and placed.backend == "vllm" and not rollout.workers:  # workers start engines of their own
-        sampler = _vllm_sampler(model, placed, rollout, seed, settings.lora.r if settings.lora else None,
-                                tokenizer, out)
-    in_process = sampler is None and not rollout.workers
+        adapter = settings.lora.r if settings.lora and not sharded else None  # sharded: merged weights, gathered
+        sampler = _vllm_sampler(model, placed, rollout, seed, adapter, tokenizer, out)
     # With max_staleness > 0 rollouts run while the policy trains, so the hf backend samples from a copy of it (the
     # behaviour policy), which takes the trained weights between two steps' rollouts.
     behaviour = copy.deepcopy(policy).eval() if settings.max_staleness and in_process else None
-    generator = sampler or HFGenerator(behaviour or policy, tokenizer, max_batch_size=rollout.concurrency,
+    generator = sampler or HFGenerator(behaviour or whole or policy, tokenizer, max_batch_size=rollout.concurrency,
                                        processor=processor)
     template, context = resolve_chat(tokenizer, placed.chat_template_kwargs)
 
@@ -151,10 +157,10 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
             else None
         stages = range(len(curriculum.stages))
         runners = [workers.stage(i) if workers else EpisodeRunner() for i in stages]
-        sampler = workers
+        sampler = workers or (GatherOnly() if sharded else None)
     else:
         runners = [engine(stage, generator, settings.temperature) for stage in range(len(curriculum.stages))]
-        sampler = generator
+        sampler = generator if whole is None else WholeCopy(generator, whole)
     return RLComponents(accelerator=accelerator, model=policy, update=update, curriculum=curriculum,
                         runners=runners, greedy_runner=greedy, sampler=sampler, behaviour=behaviour,
                         off_policy=not in_process or settings.max_staleness > 0, tokenizer=tokenizer,
@@ -164,9 +170,14 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
 
 def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dtype: str, where: torch.device,
                    accelerator: Accelerator, curriculum: Curriculum, tokenizer: Any, processor: Any) -> PolicyUpdate:
-    """The policy (optionally LoRA) with its optimizer and scheduler, prepared by accelerate, and a frozen
-    reference only when a KL penalty asks for one (LoRA's reference is its disabled adapter)."""
+    """The policy (optionally LoRA) with its optimizer and scheduler, prepared by accelerate (or sharded, with
+    ``sharding: fsdp``), and a frozen reference only when a KL penalty asks for one (LoRA's reference is its disabled
+    adapter)."""
+    sharded = settings.sharding == "fsdp"
     policy = trainable_model(model, device=where, dtype=dtype)
+    compute = None
+    if sharded and policy.dtype == torch.bfloat16 and settings.master_weights:  # FSDP keeps float32 masters itself
+        policy, compute = policy.float(), torch.bfloat16
     if settings.gradient_checkpointing:  # active in train mode only: generation (eval mode) keeps its cache
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if settings.lora:
@@ -175,13 +186,41 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
     reference = None
     if settings.kl_coef > 0 and not settings.lora:
         reference = frozen_copy(model, device=where, dtype=policy.dtype)
-    optimizer = adamw([p for p in policy.parameters() if p.requires_grad], master_weights=settings.master_weights,
-                      lr=settings.learning_rate)
-    policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, rl_scheduler(optimizer, settings))
-    if reference is not None:
-        reference.to(accelerator.device)
+    if sharded:
+        policy = shard(policy, compute_dtype=compute)
+        if reference is not None:
+            reference = shard(reference, compute_dtype=compute)
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=settings.learning_rate)
+        scheduler = accelerator.prepare(rl_scheduler(optimizer, settings))  # checkpointed with accelerate's state
+    else:
+        optimizer = adamw([p for p in policy.parameters() if p.requires_grad], master_weights=settings.master_weights,
+                          lr=settings.learning_rate)
+        policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, rl_scheduler(optimizer, settings))
+        if reference is not None:
+            reference.to(accelerator.device)
     return PolicyUpdate(policy, reference, optimizer, scheduler, accelerator, settings, _token_budget(curriculum),
                         tokenizer.pad_token_id or 0, processor)
+
+
+def _check_sharding(settings: RLSettings, placed: ModelSettings, in_process: bool, processes: int) -> None:
+    """Refuse sharding a single process, and what sharded training does not do yet.
+
+    Raises:
+        UserError: ``sharding: fsdp`` in one process, or with asynchronous rollouts on the hf backend, or with a
+            ``vllm serve`` sampler.
+    """
+    if settings.sharding != "fsdp":
+        return
+    if in_process and settings.max_staleness:
+        raise UserError("rl.sharding: fsdp with rl.max_staleness > 0 needs a sampler with weights of its own: the "
+                        "vllm backend or rollout.workers (the hf backend's copy is refreshed between steps only).")
+    if placed.vllm.server:
+        raise UserError("rl.sharding: fsdp does not drive model.vllm.server yet: use the in-process vllm backend or "
+                        "rollout.workers, or rl.sharding: none.")
+    if processes < 2:
+        raise UserError("rl.sharding: fsdp shards the policy over the trainer processes, and this run has one: "
+                        "launch several (accelerate launch --num_processes N -m trajlab.cli rl ...), or set "
+                        "rl.sharding: none.")
 
 
 def _token_budget(curriculum: Curriculum) -> int:

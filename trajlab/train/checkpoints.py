@@ -13,7 +13,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
+
+from trajlab.train.sharding import gathered_state, is_sharded, load_sharded, save_sharded
 
 logger = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint"
@@ -21,10 +24,16 @@ CHECKPOINT = "checkpoint"
 STATE_FILE = "trajlab_state.json"
 
 
-def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, extra: dict[str, Any]) -> None:
-    """Write the state after ``step`` steps (with ``extra``, e.g. the curriculum's) to a temp dir, then swap it in."""
+def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, extra: dict[str, Any],
+                    sharded: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None) -> None:
+    """Write the state after ``step`` steps (with ``extra``, e.g. the curriculum's) to a temp dir, then swap it in.
+    ``sharded``: a sharded model and its optimizer, whose slices each process writes (accelerate's state holds the
+    rest: scheduler, random states)."""
     final, partial = out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.partial"
     accelerator.save_state(str(partial))
+    if sharded is not None:
+        save_sharded(*sharded, partial)
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (partial / STATE_FILE).write_text(json.dumps({"step": step} | extra))
         if final.exists():
@@ -33,13 +42,17 @@ def save_checkpoint(accelerator: Accelerator, out_dir: Path, step: int, extra: d
     accelerator.wait_for_everyone()
 
 
-def load_checkpoint(accelerator: Accelerator, out_dir: Path) -> tuple[int, dict[str, Any]]:
-    """The steps a checkpoint holds (its weights and optimizer loaded) and its saved state; none: (0, {})."""
+def load_checkpoint(accelerator: Accelerator, out_dir: Path,
+                    sharded: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None) -> tuple[int, dict[str, Any]]:
+    """The steps a checkpoint holds (its weights and optimizer loaded, or ``sharded``'s slices) and its saved state;
+    none: (0, {})."""
     checkpoint = out_dir / CHECKPOINT
     if not (checkpoint / STATE_FILE).exists():
         logger.info("No RL checkpoint in %s: starting from step 0.", out_dir)
         return 0, {}
     accelerator.load_state(str(checkpoint))
+    if sharded is not None:
+        load_sharded(*sharded, checkpoint)
     state = json.loads((checkpoint / STATE_FILE).read_text())
     return state["step"], state
 
@@ -70,10 +83,21 @@ class MetricsLog:
 def save_final(model: Any, tokenizer: Any, processor: Any, final: Path, *, lora: bool,
                accelerator: Accelerator) -> Path:
     """The trained model as a plain model directory (LoRA merged), with the tokenizer it trained with and, for a
-    vision-language model, its processor; written by the main process."""
-    if accelerator.is_main_process:
+    vision-language model, its processor; written by the main process (a sharded model's weights gathered to it a
+    layer at a time first)."""
+    if is_sharded(model):
+        weights = gathered_state(model, keep=accelerator.is_main_process)
+        if accelerator.is_main_process:
+            base = model.get_base_model() if lora else model
+            base.save_pretrained(final, state_dict=weights)
+            # the weights come in the dtype the model computes in (a bfloat16 model's float32 masters rounded)
+            config = type(base.config).from_pretrained(final)
+            config.dtype = next(iter(weights.values())).dtype
+            config.save_pretrained(final)
+    elif accelerator.is_main_process:
         trained = model.merge_and_unload() if lora else model
         trained.save_pretrained(final)
+    if accelerator.is_main_process:
         if processor is not None:  # so that final loads as a vision-language model again
             processor.save_pretrained(final)
         tokenizer.save_pretrained(final)  # last: the tokenizer's files are those it trained with

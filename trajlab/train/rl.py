@@ -47,6 +47,7 @@ from trajlab.train.checkpoints import MetricsLog, load_checkpoint, save_checkpoi
 from trajlab.train.curriculum import Curriculum, Promotion, heldout_success
 from trajlab.train.feed import RolloutFeed, StepRollouts
 from trajlab.train.publish import publish, synced_sampler
+from trajlab.train.sharding import is_sharded
 from trajlab.train.step_metrics import namespaced, record_rollouts, staleness_metrics, step_metrics
 from trajlab.train.update import PolicyUpdate
 
@@ -139,7 +140,7 @@ class _Loop:
 
     def resume(self) -> int:
         """Load the checkpoint (weights, optimizer, curriculum); the steps it holds."""
-        start, state = load_checkpoint(self.parts.accelerator, self.out_dir)
+        start, state = load_checkpoint(self.parts.accelerator, self.out_dir, self._sharded())
         if start:  # the sampler started from the model directory, not the checkpoint
             publish(self.parts.sampler, self.parts.behaviour, self.parts.model)
         if self.parts.curriculum.staged and "curriculum" in state:
@@ -266,7 +267,12 @@ class _Loop:
             self.promotions.write(line)
         if (step + 1) % self.settings.save_steps == 0 or step + 1 == self.settings.steps:
             save_checkpoint(self.parts.accelerator, self.out_dir, step + 1,
-                            {"curriculum": curriculum.state()} if curriculum.staged else {})
+                            {"curriculum": curriculum.state()} if curriculum.staged else {}, self._sharded())
+
+    def _sharded(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
+        """A sharded policy with its optimizer (their slices are checkpointed by each process); else None."""
+        update = self.parts.update
+        return (update.policy, update.optimizer) if is_sharded(update.policy) else None
 
 
 def group_episodes(step: int, index: int, task: dict[str, Any], group_size: int) -> list[Episode]:

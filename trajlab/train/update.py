@@ -2,8 +2,8 @@
 
 Every process holds all of the step's rollouts. Each minibatch's micro-batches are dealt round-robin to the
 processes; a process with none left runs a pass of weight zero, so all run the same number of backward passes (DDP
-all-reduces on each) and nobody waits forever. Losses are scaled by the process count, since DDP averages gradients:
-the sum over processes is the single-process gradient.
+all-reduces on each, FSDP reduce-scatters) and nobody waits forever. Losses are scaled by the process count, since
+both average gradients: the sum over processes is the single-process gradient.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from trajlab.train.batches import by_rollout, micro_batches, padded_batch, rollo
 from trajlab.train.logprobs import token_logprobs, unwrap
 from trajlab.train.loss import loss_normaliser, policy_loss
 from trajlab.train.mismatch import MismatchSums
+from trajlab.train.sharding import grad_norm as sharded_grad_norm
+from trajlab.train.sharding import is_sharded
 
 LOSS_STATS = ("loss", "kl", "entropy", "clip_fraction")
 
@@ -31,7 +33,8 @@ class PolicyUpdate:
     """The trained policy with what updates it; calling it runs one RL step's optimizer steps.
 
     Args:
-        policy: the policy as accelerate prepared it (DDP-wrapped under several processes; a PEFT model with LoRA).
+        policy: the policy as accelerate prepared it (DDP-wrapped under several processes), or sharded
+            (:func:`trajlab.train.sharding.shard`); a PEFT model with LoRA.
         reference: the frozen starting policy of the KL term (None: no KL, or LoRA's disabled adapter).
         token_budget: the most model tokens an episode can have (Dr.GRPO's constant normaliser).
         pad_id: the padding token (padding is marked by the attention mask, never by this id).
@@ -122,7 +125,10 @@ class PolicyUpdate:
 
     def _optimizer_step(self) -> float:
         """Clip, step, schedule; returns the gradient norm before clipping."""
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm))
+        if is_sharded(self.policy):
+            grad_norm = sharded_grad_norm(self.policy, self.settings.max_grad_norm)
+        else:
+            grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad()

@@ -1,0 +1,161 @@
+"""Sharded RL (``rl.sharding: fsdp``, FSDP2) in two real processes (``accelerate launch``, gloo on CPU), against the
+same run unsharded in one process, and a sharded run killed with SIGKILL and resumed against one left alone.
+
+What the CPU cannot show (NCCL, memory per GPU on a real-size model) is the GPU measurement run's
+(``benchmarks/gpu/run.sh``); the sharding itself (``fully_shard``, the gathers, distributed checkpoints) is the
+same code on gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch.distributed.checkpoint import FileSystemReader
+
+import trajlab
+from trajlab.errors import UserError
+from trajlab.models.loading import load_model
+
+from .test_multiprocess import LAUNCH, ONE, ROOT, run, update_gap
+
+COMMON = ["--env", "tests.rollout.length_env:SPEC", "--tasks-per-step", "3", "--group-size", "4", "--device", "cpu",
+          "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=48", "--set", "rollout.concurrency=8",
+          "--set", "rl.micro_batch_size=4", "--set", "rl.temperature=1.0", "--set", "rl.rewards={env: 1.0}"]
+SHARDED = ["--set", "rl.sharding=fsdp"]
+
+
+def metrics(out: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("variant", [
+    pytest.param([], id="full-weights"),
+    pytest.param(["--lora-r", "4", "--set", "rl.kl_coef=0.05", "--set", "rl.gradient_checkpointing=true"],
+                 id="lora-kl-checkpointing"),
+])
+def test_sharded_rl_in_two_processes_matches_one_unsharded_process(terse_model_dir, tmp_path, variant):
+    """Three tasks over two processes (uneven rollouts, one process running a pass of weight zero), two steps with
+    warm-up: the same rollouts, losses, gradient norms and learning rates, the same weights at the end. The hf
+    backend samples from each process's whole copy of the policy, which gets the trained weights gathered a layer
+    at a time: its logprobs are the trainer's (the mismatch stays at rounding). With LoRA, the KL term's reference
+    is the disabled adapter, and the adapter arrives in the copy and in ``final`` merged."""
+    lr = 1e-3
+    command = ["rl", "--model", str(terse_model_dir), *COMMON, "--steps", "2", "--learning-rate", str(lr),
+               "--set", "rl.warmup_steps=2", *variant]
+    run([*ONE, *command, "--out", str(tmp_path / "one")], ROOT)
+    run([*LAUNCH, *command, *SHARDED, "--out", str(tmp_path / "two")], ROOT)
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [s["perf/processes"] for s in one + two] == [1, 1, 2, 2]
+    for single, double in zip(one, two, strict=True):
+        assert double["reward/mean"] == single["reward/mean"]
+        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
+        assert double["optim/lr"] == pytest.approx(single["optim/lr"])
+        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
+        assert double["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-4)
+        assert double["mismatch/abs_logprob"] < 1e-4, "the copy sampled from the trained weights"
+    assert sum(s["optim/trained_sequences"] for s in one) > 0 and one[0]["optim/grad_norm"] > 0, "a real update"
+    moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 0.5 * lr / 3 and apart < 1e-3, (moved, apart)
+    slices = sorted(p.name for p in (tmp_path / "two" / "checkpoint" / "sharded").glob("*.distcp"))
+    assert slices == ["__0_0.distcp", "__1_0.distcp"], "each process checkpointed its own slices: it was sharded"
+
+
+def test_a_sharded_run_killed_and_resumed_ends_as_one_left_alone(terse_model_dir, tmp_path):
+    """Three steps, a checkpoint after each: one run left alone, one killed (SIGKILL, both processes and the
+    launcher) once its first checkpoint is written, then resumed: the same metrics for every step and the same final
+    weights. Each process wrote and read only its own slices (``checkpoint/sharded``)."""
+    command = [*LAUNCH, "rl", "--model", str(terse_model_dir), *COMMON, "--steps", "3", "--learning-rate", "1e-3",
+               "--set", "rl.save_steps=1", *SHARDED]
+    run([*command, "--out", str(tmp_path / "alone")], ROOT)
+    killed = tmp_path / "killed"
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    launched = subprocess.Popen([*command, "--out", str(killed)], cwd=ROOT, env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = killed / "checkpoint" / "trajlab_state.json"
+    deadline = time.monotonic() + 300
+    while not state.exists() and launched.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(launched.pid, signal.SIGKILL)
+    launched.wait()
+    assert not (killed / "final").exists(), "killed before the end"
+    saved = json.loads(state.read_text())["step"]
+    assert saved < 3 and (killed / "checkpoint" / "sharded").is_dir()
+    run([*command, "--out", str(killed), "--resume"], ROOT)
+    alone, resumed = metrics(tmp_path / "alone"), metrics(killed)
+    assert [s["step"] for s in resumed] == [1, 2, 3]
+    for left, again in zip(alone, resumed, strict=True):
+        for key in ("reward/mean", "optim/trained_sequences", "optim/lr"):
+            assert again[key] == left[key], key
+        assert again["loss/policy"] == pytest.approx(left["loss/policy"], rel=1e-5, abs=1e-7)
+        assert again["optim/grad_norm"] == pytest.approx(left["optim/grad_norm"], rel=1e-5)
+    for mine, theirs in zip(load_model(killed / "final").parameters(),
+                            load_model(tmp_path / "alone" / "final").parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_sharded_bfloat16_policy_keeps_float32_master_slices_and_exports_bfloat16(terse_model_dir, tmp_path):
+    """A bfloat16 model sharded computes in bfloat16 over float32 slices (the checkpoint holds float32 weights and
+    AdamW moments), its whole copy samples from the gathered bfloat16 weights (the mismatch is bfloat16's, about
+    2e-3, not a different policy's), and ``final`` is bfloat16 again, as an unsharded run writes it. Unlike float32,
+    bfloat16 runs differ from one process's by the batch shapes each process generates with, so this is not compared
+    with one."""
+    out = tmp_path / "bf16"
+    run([*LAUNCH, "rl", "--model", str(terse_model_dir), *COMMON, "--steps", "2", "--learning-rate", "1e-3",
+         "--dtype", "bfloat16", *SHARDED, "--out", str(out)], ROOT)
+    steps = metrics(out)
+    assert all(0 < s["mismatch/abs_logprob"] < 1e-2 for s in steps) and steps[0]["optim/grad_norm"] > 0
+    saved = FileSystemReader(str(out / "checkpoint" / "sharded")).read_metadata().state_dict_metadata
+    weights = {key: meta for key, meta in saved.items() if key.startswith("model.")}
+    moments = [meta for key, meta in saved.items() if key.endswith(".exp_avg")]
+    assert weights and moments and {m.properties.dtype for m in [*weights.values(), *moments]} == {torch.float32}
+    with safe_open(out / "final" / "model.safetensors", "pt") as written:
+        names = written.keys()
+        assert {written.get_slice(name).get_dtype() for name in names} == {"BF16"}
+    assert json.loads((out / "final" / "config.json").read_text())["dtype"] == "bfloat16"
+    final = load_model(out / "final")
+    moved = (torch.cat([p.flatten().float() for p in final.parameters()])
+             - torch.cat([p.flatten().float() for p in load_model(terse_model_dir).parameters()])).abs().max()
+    assert moved > 0, "trained"
+
+
+def test_sharded_training_drives_rollout_workers_from_the_main_process(terse_model_dir, tmp_path):
+    """``rollout.workers`` with two sharded trainer processes: the main process drives the worker, and both take
+    part in gathering the weights it is sent after each update (the other process keeps none); the same rollouts,
+    losses and weights as one unsharded process driving the same worker."""
+    pytest.importorskip("ray")
+    command = ["rl", "--model", str(terse_model_dir), *COMMON, "--steps", "2", "--learning-rate", "1e-3",
+               "--set", "rollout.workers=1"]
+    run([*ONE, *command, "--out", str(tmp_path / "one")], ROOT)
+    run([*LAUNCH, *command, *SHARDED, "--out", str(tmp_path / "two")], ROOT)
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [s["perf/processes"] for s in one + two] == [1, 1, 2, 2]
+    for single, double in zip(one, two, strict=True):
+        assert double["reward/mean"] == single["reward/mean"]
+        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
+        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
+        assert double["mismatch/abs_logprob"] < 1e-4, "the worker sampled from the trainer's weights"
+    assert sum(s["optim/trained_sequences"] for s in one) > 0
+    moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 0.5e-3 / 3 and apart < 1e-3, (moved, apart)
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({}, r"this run has one: launch several \(accelerate launch"),
+    ({"max_staleness": 1}, r"max_staleness > 0 needs a sampler with weights of its own"),
+    ({"vllm": {"server": "http://127.0.0.1:9/v1"}}, r"does not drive model.vllm.server yet"),
+])
+def test_what_sharding_does_not_do_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, settings, refusal):
+    """One process (nothing to shard over), asynchronous rollouts on the hf backend (its copy is refreshed between
+    steps only), a ``vllm serve`` sampler (not yet): each stops with what to do instead."""
+    vllm = settings.pop("vllm", None)
+    with pytest.raises(UserError, match=refusal):
+        trajlab.rl(tiny_model_dir, "arithmetic", tmp_path, sharding="fsdp", steps=1, vllm=vllm,
+                   backend="vllm" if vllm else None, **settings)
