@@ -203,6 +203,10 @@ class TrainingSettings(Section):
     dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
+    padding_free: bool = False
+    """Train on micro-batches packed into one row, each sequence attending to itself alone (position ids restart
+    with each; varlen attention on a GPU with flash attention), instead of right-padded rows: no compute spent on
+    padding. Rollouts with images train padded."""
     master_weights: bool = True
     """A model trained in bfloat16 (model.dtype, or auto for a bfloat16 checkpoint on a GPU) keeps a float32 copy
     of its weights and float32 AdamW moments, and its bfloat16 weights are rounded from the copy after every step:

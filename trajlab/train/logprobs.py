@@ -1,5 +1,5 @@
 """Chosen-token log-probabilities and entropies without a (batch, length, vocab) tensor, and the forward pass that
-gives them for a batch of rollouts (:func:`token_logprobs`).
+gives them for a batch of rollouts, padded (:func:`token_logprobs`) or packed into one row (:func:`packed_logprobs`).
 
 With a real vocabulary (Qwen3: 151,936 tokens) the float32 log-softmax of one 8k-token sequence is 5 GB, and autograd
 would keep it for the backward pass. Here the output head runs on a bounded slice of positions at a time: a slice's
@@ -153,7 +153,7 @@ MIN_SHARED_HEAD = 16
 
 def token_logprobs(
     model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor, start: int, temperature: float,
-    images: Sequence[Any] = (), processor: Any = None,
+    images: Sequence[Any] = (), processor: Any = None, scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities (B, T - start) of the tokens from ``start`` on at the sampling temperature, and the entropy
     of each position's distribution.
@@ -163,7 +163,8 @@ def token_logprobs(
     ``start`` on are read: the prompt needs none. The head all rows share (system prompt, tool schemas: often half
     of every sequence) is run once and its key/value states broadcast to every row; gradients flow back through the
     broadcast, so the result equals running each row in full. ``images`` (those whose placeholders the rows hold, in
-    order) reach the model as they reached the sampler; rows with images are run in full.
+    order) reach the model as they reached the sampler; rows with images are run in full. ``scored`` (B, T): the
+    tokens whose results are wanted (the completions); the others' are 0 and cost no output-head work.
     """
     checkpointing = model.training and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     # checkpointed layers keep no key/value states; image inputs go with the whole sequence
@@ -183,7 +184,43 @@ def token_logprobs(
                        past_key_values=DynamicCache(ddp_cache_data=broadcast, config=model.config), **last
                        ).hidden_states[-1]
     hidden = hidden[:, start - 1 - head : input_ids.shape[1] - 1 - head]  # (B, L, H): position t predicts t + 1
-    return chosen_logprobs(hidden, output_head(model), input_ids[:, start:], temperature)
+    if scored is None:
+        return chosen_logprobs(hidden, output_head(model), input_ids[:, start:], temperature)
+    return _scored_only(hidden, output_head(model), input_ids[:, start:], scored[:, start:], temperature)
+
+
+def _scored_only(hidden: torch.Tensor, head: Head, targets: torch.Tensor, scored: torch.Tensor,
+                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`chosen_logprobs` of the ``scored`` targets (B, L) only, 0 elsewhere: the output head, the costliest
+    layer with a real vocabulary, never runs on padding or prompt tokens."""
+    rows, columns = scored.nonzero(as_tuple=True)
+    logprobs, entropy, _ = head_statistics(hidden[rows, columns], head, targets[rows, columns], temperature)
+    empty = torch.zeros(targets.shape, dtype=logprobs.dtype, device=logprobs.device)
+    return empty.index_put((rows, columns), logprobs), empty.index_put((rows, columns), entropy)
+
+
+def batch_logprobs(model: torch.nn.Module, batch: dict[str, Any], temperature: float,
+                   processor: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` of a padded batch, or :func:`packed_logprobs` of a packed one
+    (:mod:`trajlab.train.batches`): (B, T - completion_start) log-probabilities and entropies either way."""
+    if batch.get("position_ids") is None:
+        return token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
+                              temperature, batch["images"], processor, batch.get("scored"))
+    return packed_logprobs(model, batch["input_ids"], batch["position_ids"], batch["scored"], temperature)
+
+
+def packed_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                    scored: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities and entropies (1, T - 1) of the tokens of a packed row (1, T) (position t - 1 predicts
+    token t), computed for the ``scored`` tokens only (the completions; 0 elsewhere).
+
+    No attention mask: the model derives one from ``position_ids``, which restart at 0 with each sequence, so every
+    sequence attends to itself alone (transformers builds a block-diagonal causal mask for sdpa and eager attention;
+    flash attention runs the sequences as variable-length ones).
+    """
+    hidden = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=1,
+                   output_hidden_states=True).hidden_states[-1]  # (1, T, H)
+    return _scored_only(hidden[:, :-1], output_head(model), input_ids[:, 1:], scored[:, 1:], temperature)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -15,7 +15,7 @@ import torch
 
 from trajlab.config import RLSettings
 from trajlab.rollout.types import Trajectory
-from trajlab.train.logprobs import token_logprobs
+from trajlab.train.logprobs import batch_logprobs
 
 
 def loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
@@ -45,16 +45,14 @@ def policy_loss(
     ``reference``: the frozen starting policy of the KL term; None with a KL term means the policy is a PEFT model
     whose disabled adapter is the starting policy. ``processor``: a vision-language model's, for the batch's images.
     """
-    input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
-    images = batch["images"]
+    start = batch["completion_start"]
     mask = batch["loss_mask"][:, start:]  # (B, L): model tokens only
     sampler = batch["old_logprobs"][:, start:]
     advantages = batch["advantages"][:, start:]
     corrected = "trainer_logprobs" in batch
     old = batch["trainer_logprobs"][:, start:] if corrected else sampler
 
-    logprobs, entropy = token_logprobs(policy, input_ids, attention, start, settings.temperature, images,
-                                       processor)  # (B, L) each
+    logprobs, entropy = batch_logprobs(policy, batch, settings.temperature, processor)  # (B, L) each
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)
@@ -66,14 +64,17 @@ def policy_loss(
     if settings.kl_coef > 0:
         with torch.no_grad(), (policy.disable_adapter() if reference is None else nullcontext()):
             ref_model = policy if reference is None else reference
-            ref_logprobs, _ = token_logprobs(ref_model, input_ids, attention, start, settings.temperature, images,
-                                             processor)
+            ref_logprobs, _ = batch_logprobs(ref_model, batch, settings.temperature, processor)
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1  # k3 estimator: unbiased, always >= 0
         per_token = per_token + settings.kl_coef * kl
 
     if settings.estimator == "grpo":  # each sequence's token mean; the normaliser counts sequences
-        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / normaliser
+        sequence = batch["sequence"][:, start:].reshape(-1)  # a packed row holds several
+        count = len(batch["completions"])
+        sums = per_token.new_zeros(count).index_add(0, sequence, (per_token * mask).reshape(-1))
+        tokens = mask.new_zeros(count).index_add(0, sequence, mask.reshape(-1))
+        loss = (sums / tokens.clamp(min=1)).sum() / normaliser
     else:  # dr_grpo and rloo: a token sum over a constant (dr_grpo) or the minibatch's token count (rloo)
         loss = (per_token * mask).sum() / normaliser
 

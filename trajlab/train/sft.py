@@ -161,9 +161,10 @@ class SlicedLossTrainer(SFTTrainer):
         tokens = gathered["tokens"].clamp(min=1)
         self._metrics[mode]["entropy"].append((gathered["entropy"] / tokens).item())
         self._metrics[mode]["mean_token_accuracy"].append((gathered["correct"] / tokens).item())
-        if mode == "train" and "attention_mask" in inputs:
-            seen = self.accelerator.gather_for_metrics(inputs["attention_mask"].sum()).sum().item()
-            self._total_train_tokens += seen // self._tp_size
+        if mode == "train":  # tokens seen: a padded batch's attention mask, a padding-free row's length
+            mine = (inputs["attention_mask"].sum() if "attention_mask" in inputs
+                    else torch.tensor(inputs["input_ids"].shape[1], device=inputs["input_ids"].device))
+            self._total_train_tokens += self.accelerator.gather_for_metrics(mine).sum().item() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         return loss
 
@@ -225,6 +226,8 @@ def train_sft(
     if images and processor is None:
         raise ValueError("The SFT dataset has images: pass the vision-language model's processor "
                          "(trajlab.models.loading.load_processor).")
+    if images and settings.padding_free:
+        raise ValueError("The SFT dataset has images, which train in padded batches: set sft.padding_free: false.")
     model.train()
     arguments = _trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
                                    conversational="input_ids" not in dataset.column_names, bar=on_progress is None)
@@ -288,6 +291,7 @@ def _trainer_arguments(out_dir: Path, settings: SFTSettings, *, seed: int, devic
         max_length=None,
         assistant_only_loss=conversational,
         dataloader_num_workers=0,
+        padding_free=settings.padding_free,  # TRL flattens each batch into one row with restarting position ids
         # An image dataset makes TRL keep only its own vision columns, input_ids and assistant_masks not among them;
         # training_columns already chose the columns.
         remove_unused_columns=not images,

@@ -18,8 +18,8 @@ from accelerate import Accelerator
 from trajlab.config import RLSettings
 from trajlab.models.devices import release_freed_memory
 from trajlab.rollout.types import Trajectory
-from trajlab.train.batches import by_rollout, micro_batches, padded_batch, rollout_lengths
-from trajlab.train.logprobs import token_logprobs, unwrap
+from trajlab.train.batches import by_rollout, micro_batches, packed_batch, padded_batch, rollout_lengths
+from trajlab.train.logprobs import batch_logprobs, unwrap
 from trajlab.train.loss import loss_normaliser, policy_loss
 from trajlab.train.mismatch import MismatchSums
 from trajlab.train.sharding import grad_norm as sharded_grad_norm
@@ -78,9 +78,8 @@ class PolicyUpdate:
             normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
                                          self.token_budget)
             for chosen, weight in self._dealt([i for i in minibatch if i not in silent], lengths):
-                batch = padded_batch([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen],
-                                     self.pad_id, self.accelerator.device,
-                                     [trainer_logprobs[i] for i in chosen] if correct else None)
+                batch = self._batch([trajectories[i] for i in chosen], [token_advantages[i] for i in chosen],
+                                    [trainer_logprobs[i] for i in chosen] if correct else None)
                 stats = policy_loss(self.policy, self.reference, batch, self.settings, normaliser, self.processor)
                 self.accelerator.backward(stats.pop("loss_tensor") * (weight * self.accelerator.num_processes))
                 release_freed_memory()  # the pass's activations and slices, freed but kept by the C heap
@@ -116,12 +115,21 @@ class PolicyUpdate:
         """This process's micro-batches of a minibatch (round-robin), each with its weight: 0 for a stand-in pass
         where the process has none left while others still do."""
         processes = self.accelerator.num_processes
-        micro = micro_batches(trained, lengths, self.settings.micro_batch_size, self.settings.micro_batch_tokens)
+        micro = micro_batches(trained, lengths, self.settings.micro_batch_size, self.settings.micro_batch_tokens,
+                              packed=self.settings.padding_free)
         dealt = []
         for turn in range(math.ceil(len(micro) / processes)):
             index = turn * processes + self.accelerator.process_index
             dealt.append((micro[index], 1.0) if index < len(micro) else (micro[0], 0.0))
         return dealt
+
+    def _batch(self, rows: list[Trajectory], advantages: list[list[float]],
+               trainer_logprobs: list[list[float]] | None = None) -> dict[str, Any]:
+        """A micro-batch's tensors: packed into one row with ``padding_free`` (rollouts with images excepted), else
+        right-padded."""
+        if self.settings.padding_free and not any(t.images for t in rows):
+            return packed_batch(rows, advantages, self.accelerator.device, trainer_logprobs)
+        return padded_batch(rows, advantages, self.pad_id, self.accelerator.device, trainer_logprobs)
 
     def _optimizer_step(self) -> float:
         """Clip, step, schedule; returns the gradient norm before clipping."""
@@ -156,13 +164,10 @@ class PolicyUpdate:
         out: dict[int, list[float]] = {}
         try:
             for chosen in micro_batches(order, lengths, self.settings.micro_batch_size,
-                                        self.settings.micro_batch_tokens):
+                                        self.settings.micro_batch_tokens, packed=self.settings.padding_free):
                 rows = [trajectories[i] for i in chosen]
-                batch = padded_batch(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows], self.pad_id,
-                                     self.accelerator.device)
-                logprobs, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                                             batch["completion_start"], self.settings.temperature, batch["images"],
-                                             self.processor)
+                batch = self._batch(rows, [[0.0] * len(t.tokens.completion_ids) for t in rows])
+                logprobs, _ = batch_logprobs(model, batch, self.settings.temperature, self.processor)
                 mismatch.add(logprobs, batch, self.settings.importance_cap)
                 out |= by_rollout(logprobs, batch, chosen, trajectories)
         finally:
