@@ -159,3 +159,67 @@ def test_what_sharding_does_not_do_is_refused_before_any_model_loads(tiny_model_
     with pytest.raises(UserError, match=refusal):
         trajlab.rl(tiny_model_dir, "arithmetic", tmp_path, sharding="fsdp", steps=1, vllm=vllm,
                    backend="vllm" if vllm else None, **settings)
+
+
+def sft_command(model: Path, demos: Path, *extra: str) -> list[str]:
+    return ["sft", "--model", str(model), "--from", str(demos), "--epochs", "1", "--device", "cpu", "--set",
+            "sft.warmup_steps=0", "--set", "sft.lr_scheduler=constant", "--set", "sft.logging_steps=1",
+            "--learning-rate", "1e-3", *extra]
+
+
+@pytest.fixture(scope="module")
+def demos(tiny_model_dir, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("demos") / "demos.jsonl"
+    run([*ONE, "collect", "--env", "arithmetic", "--policy", "oracle", "--tokenizer", str(tiny_model_dir),
+         "--episodes", "8", "--out", str(path)], ROOT)
+    return path
+
+
+@pytest.mark.parametrize("variant", [
+    pytest.param([], id="full-weights"),
+    pytest.param(["--lora-r", "4", "--set", "sft.gradient_checkpointing=true"], id="lora-checkpointing"),
+])
+def test_sharded_sft_in_two_processes_matches_one_unsharded_process(tiny_model_dir, demos, tmp_path, variant):
+    """8 demonstrations, 4 a step in one process, 2 a step in each of two sharded ones, two steps: the same losses
+    and gradient norms each step, the same weights at the end (LoRA merged), and each process's slices in the
+    trainer's checkpoints."""
+    run([*ONE, *sft_command(tiny_model_dir, demos, "--batch-size", "4", *variant), "--out", str(tmp_path / "one")],
+        ROOT)
+    run([*LAUNCH, *sft_command(tiny_model_dir, demos, "--batch-size", "2", *variant, "--set",
+                                "sft.sharding=fsdp"), "--out", str(tmp_path / "two")], ROOT)
+    logged = [[s for s in metrics(tmp_path / name) if "loss/sft" in s] for name in ("one", "two")]
+    assert [s["step"] for s in logged[0]] == [s["step"] for s in logged[1]] == [1, 2]
+    for single, double in zip(*logged, strict=True):
+        assert double["loss/sft"] == pytest.approx(single["loss/sft"], rel=1e-5)
+        assert double["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-4)
+    moved, apart = update_gap(tiny_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
+    assert moved > 1e-4 and apart < 1e-4, (moved, apart)
+    slices = sorted(p.name for p in (tmp_path / "two" / "checkpoint-2" / "sharded").glob("*.distcp"))
+    assert slices == ["__0_0.distcp", "__1_0.distcp"]
+
+
+def test_sharded_sft_resumed_from_its_checkpoint_ends_as_one_left_alone(tiny_model_dir, demos, tmp_path):
+    """Two sharded processes: a run of 2 steps, and a run stopped after 1 step then resumed to 2 from its
+    checkpoint's slices: the same second step and the same final weights."""
+    common = [*LAUNCH, *sft_command(tiny_model_dir, demos, "--batch-size", "2", "--set", "sft.sharding=fsdp",
+                                    "--set", "sft.save_steps=1")]
+    run([*common, "--max-steps", "2", "--out", str(tmp_path / "alone")], ROOT)
+    run([*common, "--max-steps", "1", "--out", str(tmp_path / "resumed")], ROOT)
+    run([*common, "--max-steps", "2", "--resume", "--out", str(tmp_path / "resumed")], ROOT)
+    alone, resumed = ([s for s in metrics(tmp_path / name) if "loss/sft" in s] for name in ("alone", "resumed"))
+    assert [s["step"] for s in resumed] == [1, 2]
+    assert resumed[1]["loss/sft"] == pytest.approx(alone[1]["loss/sft"], rel=1e-6)
+    for mine, theirs in zip(load_model(tmp_path / "resumed" / "final").parameters(),
+                            load_model(tmp_path / "alone" / "final").parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_sharded_sft_in_one_process_is_refused(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path):
+    from trajlab.data.datasets import sft_dataset
+
+    from .test_sft import demonstrations
+
+    dataset = sft_dataset(demonstrations(tiny_tokenizer, tiny_template, n=2), include_failures=False,
+                          shortest_per_task=False)
+    with pytest.raises(UserError, match=r"sft.sharding: fsdp shards the model over the trainer processes"):
+        trajlab.sft(tiny_model_dir, dataset, tmp_path, tokenizer=tiny_tokenizer, sharding="fsdp", max_steps=1)

@@ -203,6 +203,12 @@ class TrainingSettings(Section):
     dropped, never trained on); above it the run stops with the first difference. 0: any drift stops."""
     lora: LoraSettings | None = None
     """Train a LoRA adapter (merged into out/final) instead of all weights; None: full fine-tuning."""
+    sharding: Literal["none", "fsdp"] = "none"
+    """How the trainer processes (accelerate launch) hold the model. none: each holds all of its weights, gradients
+    and AdamW moments (data parallel). fsdp: each holds a slice of them (FSDP2), a decoder layer gathered whole only
+    for its forward and backward pass; a bfloat16 model then computes in bfloat16 over float32 sharded weights
+    (master_weights). In RL, samplers get the weights gathered a layer at a time; the hf backend samples from a whole
+    copy of the policy in each process."""
     padding_free: bool = False
     """Train on micro-batches packed into one row, each sequence attending to itself alone (position ids restart
     with each; varlen attention on a GPU with flash attention), instead of right-padded rows: no compute spent on
@@ -288,12 +294,6 @@ class RLSettings(TrainingSettings):
     importance sampling (on under auto). 0: synchronous, every step sampled by the weights just trained."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
-    sharding: Literal["none", "fsdp"] = "none"
-    """How the trainer processes (accelerate launch) hold the policy. none: each holds all of its weights, gradients
-    and AdamW moments (data parallel). fsdp: each holds a slice of them (FSDP2), a decoder layer gathered whole only
-    for its forward and backward pass; a bfloat16 model then computes in bfloat16 over float32 sharded weights
-    (master_weights). Samplers get the weights gathered a layer at a time; the hf backend samples from a whole copy
-    of the policy in each process."""
 
 
 class EvalSettings(Section):

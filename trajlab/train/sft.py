@@ -231,7 +231,13 @@ def train_sft(
     model.train()
     arguments = _trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
                                    conversational="input_ids" not in dataset.column_names, bar=on_progress is None)
-    trainer = SlicedLossTrainer(
+    trainer_class, peft_config = SlicedLossTrainer, lora_config(settings.lora) if settings.lora else None
+    if settings.sharding == "fsdp":  # the arguments started the process group; LoRA goes in before sharding
+        from trajlab.train.sft_sharded import ShardedSFTTrainer, sharded_policy
+
+        model = sharded_policy(model, settings, arguments.world_size, arguments.seed)
+        trainer_class, peft_config = ShardedSFTTrainer, None
+    trainer = trainer_class(
         model=model,
         args=arguments,
         optimizer_cls_and_kwargs=_master_weight_optimizer(arguments, model, settings),
@@ -239,7 +245,7 @@ def train_sft(
         train_dataset=training_columns(dataset),
         # A processor tells TRL the model is a VLM (unused vision weights under DDP) and goes into each checkpoint.
         processing_class=tokenizer if processor is None else processor,
-        peft_config=lora_config(settings.lora) if settings.lora else None,
+        peft_config=peft_config,
     )
     if on_progress is not None:
         trainer.remove_callback(PrinterCallback)  # what disable_tqdm puts in the bar's place: a dict per log

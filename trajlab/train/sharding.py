@@ -1,5 +1,5 @@
-"""Sharded training (``rl.sharding: fsdp``): every trainer process holds a slice of each weight, its gradient and its
-AdamW moments, instead of all of them (plain data parallelism).
+"""Sharded training (``rl.sharding`` / ``sft.sharding: fsdp``): every trainer process holds a slice of each weight,
+its gradient and its AdamW moments, instead of all of them (plain data parallelism).
 
 PyTorch's FSDP2 (``fully_shard``) directly, not accelerate's FSDP plugin: accelerate turns FSDP on only for
 accelerator devices, so processes on CPUs (gloo) would silently train data-parallel and nothing here could be tested
@@ -73,7 +73,7 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, check
     """
     if not (checkpoint / SHARDED_STATE).is_dir():
         raise FileNotFoundError(f"{checkpoint} holds no sharded state ({SHARDED_STATE}/): it was written by a run "
-                                "without rl.sharding: fsdp; resume it with the sharding it was trained with.")
+                                "without sharding: fsdp; resume it with the sharding it was trained with.")
     weights, moments = get_state_dict(model, optimizer)
     state = {"model": weights, "optimizer": moments}
     dcp.load(state, checkpoint_id=str(checkpoint / SHARDED_STATE))
