@@ -3,30 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.models.tiny import init_tiny_model
-
-
-@pytest.fixture(scope="session")
-def terse_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with its next-token distribution flattened (the final norm's gain at 0.2: logits of std about
-    0.3, near uniform over 1,536 tokens) and its end-of-turn logit raised to 6 above them, so its answers end after a
-    few tokens, at lengths that differ from sample to sample (the untrained model's logits have a std of about 1.4,
-    against which a logit of 6 does not stand out: its answers are mostly scored alike and its RL groups flat)."""
-    model, tokenizer = load_model(tiny_model_dir, device="cpu"), load_tokenizer(tiny_model_dir)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Tell me about rain."}], tokenize=True,
-                                           add_generation_prompt=True, return_dict=False)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(0.2)
-        hidden = model(torch.tensor([prompt]), output_hidden_states=True).hidden_states[-1][0].mean(0)
-        model.lm_head.weight[end] = hidden / hidden.norm() ** 2 * 6.0
-    path = tmp_path_factory.mktemp("terse") / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="session")
