@@ -97,15 +97,17 @@ def synthetic_batch(batch: int, length: int, prompt: int, seed: int, vocab: int 
         "advantages": torch.cat([torch.zeros(batch, prompt), torch.linspace(-1, 1, batch)[:, None].expand(-1,
                                                                                              completion)], dim=1),
     }
-    return {name: tensor.to(device) for name, tensor in tensors.items()} | {"completion_start": prompt, "images": []}
+    tensors["sequence"] = torch.arange(batch).unsqueeze(1).expand(-1, length)  # each row one rollout
+    return {name: tensor.to(device) for name, tensor in tensors.items()} | {
+        "completion_start": prompt, "images": [], "completions": [(row, 0) for row in range(batch)]}
 
 
-def naive_token_logprobs(model: Any, input_ids: Any, attention: Any, start: int, temperature: float,
-                         images: Any = (), processor: Any = None) -> Any:
+def naive_batch_logprobs(model: Any, batch: dict[str, Any], temperature: float, processor: Any = None) -> Any:
     """Main's path before this change: the full float32 log-softmax (B, L, V), gathered, and the entropy from it
-    (text only: ``images`` and ``processor`` are token_logprobs' arguments, unused here)."""
+    (text only: ``processor`` is batch_logprobs' argument, unused here)."""
     import torch
 
+    input_ids, attention, start = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
     logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=input_ids.shape[1] - start + 1).logits
     log_probs = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # (B, L, V)
     logprobs = log_probs.gather(-1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
@@ -138,7 +140,7 @@ def update_loss(framework: str, model: Any, tokenizer_dir: Path, rows: int,
 
         return trainer.model, trl_loss
     if framework == "naive":
-        loss.token_logprobs = naive_token_logprobs
+        loss.batch_logprobs = naive_batch_logprobs
     settings = RLSettings(kl_coef=0.0, temperature=1.0, estimator="grpo")
     return model, lambda batch: loss.policy_loss(model, None, batch, settings, normaliser=float(rows))["loss_tensor"]
 
