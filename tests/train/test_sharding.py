@@ -36,6 +36,21 @@ def metrics(out: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def one_and_two_sharded(command: list[str], tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    """``command`` in one unsharded process and in two sharded ones; each run's steps, after checking that both
+    logged every step with the same rollouts, losses and a sampler holding the trained weights."""
+    run([*ONE, *command, "--out", str(tmp_path / "one")], ROOT)
+    run([*LAUNCH, *command, *SHARDED, "--out", str(tmp_path / "two")], ROOT)
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [s["perf/processes"] for s in one + two] == [1] * len(one) + [2] * len(two)
+    for single, double in zip(one, two, strict=True):
+        assert double["reward/mean"] == single["reward/mean"]
+        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
+        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
+        assert double["mismatch/abs_logprob"] < 1e-4, "the sampler sampled from the trained weights"
+    return one, two
+
+
 @pytest.mark.parametrize("variant", [
     pytest.param([], id="full-weights"),
     pytest.param(["--lora-r", "4", "--set", "rl.kl_coef=0.05", "--set", "rl.gradient_checkpointing=true"],
@@ -50,17 +65,11 @@ def test_sharded_rl_in_two_processes_matches_one_unsharded_process(terse_model_d
     lr = 1e-3
     command = ["rl", "--model", str(terse_model_dir), *COMMON, "--steps", "2", "--learning-rate", str(lr),
                "--set", "rl.warmup_steps=2", *variant]
-    run([*ONE, *command, "--out", str(tmp_path / "one")], ROOT)
-    run([*LAUNCH, *command, *SHARDED, "--out", str(tmp_path / "two")], ROOT)
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [s["perf/processes"] for s in one + two] == [1, 1, 2, 2]
+    one, two = one_and_two_sharded(command, tmp_path)
+    assert len(one) == 2
     for single, double in zip(one, two, strict=True):
-        assert double["reward/mean"] == single["reward/mean"]
-        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
         assert double["optim/lr"] == pytest.approx(single["optim/lr"])
-        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
         assert double["optim/grad_norm"] == pytest.approx(single["optim/grad_norm"], rel=1e-4)
-        assert double["mismatch/abs_logprob"] < 1e-4, "the copy sampled from the trained weights"
     assert sum(s["optim/trained_sequences"] for s in one) > 0 and one[0]["optim/grad_norm"] > 0, "a real update"
     moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
     assert moved > 0.5 * lr / 3 and apart < 1e-3, (moved, apart)
@@ -133,15 +142,8 @@ def test_sharded_training_drives_rollout_workers_from_the_main_process(terse_mod
     pytest.importorskip("ray")
     command = ["rl", "--model", str(terse_model_dir), *COMMON, "--steps", "2", "--learning-rate", "1e-3",
                "--set", "rollout.workers=1"]
-    run([*ONE, *command, "--out", str(tmp_path / "one")], ROOT)
-    run([*LAUNCH, *command, *SHARDED, "--out", str(tmp_path / "two")], ROOT)
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert [s["perf/processes"] for s in one + two] == [1, 1, 2, 2]
-    for single, double in zip(one, two, strict=True):
-        assert double["reward/mean"] == single["reward/mean"]
-        assert double["optim/trained_sequences"] == single["optim/trained_sequences"]
-        assert double["loss/policy"] == pytest.approx(single["loss/policy"], rel=1e-4, abs=1e-6)
-        assert double["mismatch/abs_logprob"] < 1e-4, "the worker sampled from the trainer's weights"
+    one, _ = one_and_two_sharded(command, tmp_path)
+    assert len(one) == 2
     assert sum(s["optim/trained_sequences"] for s in one) > 0
     moved, apart = update_gap(terse_model_dir, tmp_path / "one" / "final", tmp_path / "two" / "final")
     assert moved > 0.5e-3 / 3 and apart < 1e-3, (moved, apart)
