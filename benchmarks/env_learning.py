@@ -5,7 +5,7 @@
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
 
-Each (config, seed) runs the README's own command, ``trajlab run CONFIG``, in a subprocess, with the seed as both the
+Each (config, seed) runs the docs' own command, ``trajlab run CONFIG``, in a subprocess, with the seed as both the
 training seed and the tiny model's weight seed (as ``quickstart_seeds.py`` does), in ``RUNS_DIR/<config>/seed<S>``; a
 finished run is resumed, not redone, so give another ``--runs-dir`` for other ``--set`` items. All seeds of a config
 are scored on the same held-out tasks. Per config it prints each evaluation's success rate and mean reward (mean ±

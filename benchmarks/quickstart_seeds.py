@@ -1,7 +1,7 @@
 """Run the quickstart pipeline over several seeds and report the mean and spread of each stage's held-out metrics.
 
 Each seed sets both the tiny model's initial weights and the training seed (task order, sampling), and runs the
-README's own command, ``trajlab run``, in a subprocess. All seeds are scored on the same held-out test tasks.
+docs' own command, ``trajlab run``, in a subprocess. All seeds are scored on the same held-out test tasks.
 
     python benchmarks/quickstart_seeds.py                 # seeds 0 1 2 3 4
 """

@@ -1,7 +1,7 @@
 """How long a 10,000-trajectory report takes to build and to open in Chromium, and how big it is.
 
     python benchmarks/report_open.py --run runs/quickstart          # after `bash scripts/quickstart.sh`
-    python benchmarks/report_open.py --run runs/quickstart --screenshots docs/   # the README's pictures
+    python benchmarks/report_open.py --run runs/quickstart --screenshots docs/   # the docs' pictures
 
 The report is of the quickstart's run directory (its config, stages, evaluations, curves and 6,400 trajectories:
 demonstrations, evaluation episodes, RL rollouts with trainer logprobs), plus copies of those trajectories under new
@@ -68,7 +68,8 @@ SHOTS = {
 
 
 def screenshots(run: Path, folder: Path) -> None:
-    """The run's own report as the README shows it: the top, the learning curves, and an RL rollout's tokens."""
+    """The run's own report as the docs show it (docs/evaluation.md): the top, the learning curves, and an RL
+    rollout's tokens."""
     folder.mkdir(parents=True, exist_ok=True)
     with chromium(width=1400, height=1000) as driver:
         open_report(driver, run / "report.html")
@@ -86,7 +87,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, default=Path("runs/quickstart"))
     parser.add_argument("--trajectories", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--screenshots", type=Path, help="also save the run's report as the README shows it")
+    parser.add_argument("--screenshots", type=Path, help="also save the run's report as the docs show it")
     args = parser.parse_args()
     if not (args.run / "config.yaml").exists():
         raise SystemExit(f"{args.run} is no run directory: run `bash scripts/quickstart.sh` first")

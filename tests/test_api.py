@@ -1,4 +1,4 @@
-"""The Python API as the README shows it, and its settings validated by the config models."""
+"""The Python API as the README and docs/python-api.md show it, and its settings validated by the config models."""
 
 import re
 from pathlib import Path
@@ -8,14 +8,15 @@ import pytest
 import trajlab
 from trajlab.errors import UserError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_readme_python_example_runs(monkeypatch, tmp_path, tiny_model_dir, capsys):
+@pytest.mark.parametrize(("page", "heading"), [("README.md", "## Python API"), ("docs/python-api.md", "# Python API")])
+def test_the_documented_python_example_runs(monkeypatch, tmp_path, tiny_model_dir, capsys, page, heading):
     monkeypatch.setenv("TRAJLAB_HOME", str(tmp_path))  # the oracle's default tokenizer is built there
-    section = README.read_text().split("## Python API", 1)[1]
+    section = (ROOT / page).read_text().split(heading + "\n", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, page, "exec"), {})
     rate, count, status = capsys.readouterr().out.split()
     assert float(rate) == 1.0 and int(count) == 4 and status == "success"
 

@@ -41,7 +41,7 @@ def test_a_run_logged_to_a_file_shows_every_stage_one_line_per_record(tmp_path):
         assert progress in text, progress
     step = next(line for line in lines if "rl step" in line)
     assert len(step) > 80 and step.rstrip().endswith("tok/s"), "a long line is not wrapped at 80 columns"
-    assert "sft step 2/2: loss/sft" in text, "SFT's logs, one line each under their README names"
+    assert "sft step 2/2: loss/sft" in text, "SFT's logs, one line each under their documented names"
     for noise in ("Removed shared tensor", "FutureWarning", "generation flags are not valid", "Loading weights"):
         assert noise not in text, noise
 

@@ -1,4 +1,4 @@
-"""The README's "Your own env, end to end" on its example, an env written outside the package
+"""The docs' "Your own env, end to end" (docs/own-env.md) on its example, an env written outside the package
 (``examples/inventory``): it passes ``trajlab.check_env``, and ``trajlab run`` on its config completes (with tiny
 budgets here; whether it learns is ``benchmarks/env_learning.py``'s question)."""
 
@@ -19,7 +19,7 @@ TINY = ["collect.episodes=16", "sft.max_steps=2", "sft.batch_size=4", "sft.warmu
 
 @pytest.fixture(autouse=True)
 def repository_on_path(monkeypatch):
-    """As `PYTHONPATH=.` from the repository root, the README's command."""
+    """As `PYTHONPATH=.` from the repository root, the docs' command."""
     monkeypatch.syspath_prepend(str(ROOT))
 
 

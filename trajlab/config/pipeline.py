@@ -46,7 +46,7 @@ class PipelineConfig(Section):
     """Training seed (and task order of the collect and RL stages)."""
     report_to: list[TrackerName] = Field(default_factory=list)
     """Experiment trackers that also get every stage's metrics (sft, rl, eval, evolve): any of tensorboard, wandb,
-    trackio, mlflow, each in its offline or local mode unless its own settings say otherwise (README, "Metrics")."""
+    trackio, mlflow, each in its offline or local mode unless its own settings say otherwise (docs/metrics.md)."""
     stages: list[Stage] = Field(default_factory=lambda: ["collect", "sft", "eval", "rl", "eval"])
     """Stages run in order: collect, sft, eval, rl, evolve (eval may repeat)."""
     model: ModelSettings = Field(default_factory=ModelSettings)

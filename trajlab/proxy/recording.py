@@ -1,6 +1,6 @@
 """Per-session call recordings: one JSONL file per session, one line per call, fsynced before the response.
 
-Each line is a plain JSON object (its fields are listed in the README's "Recording server" section): the request as
+Each line is a plain JSON object (its fields are listed in docs/recording-server.md): the request as
 received, the exact prompt token ids, and per choice the completion token ids, their logprobs, the finish reason
 and the parsed message, so an exporter can later rebuild each session's append-only token history. The images a
 session's requests held live beside its file, in ``<session>.images/`` (as a trajectory file's do), one PNG per image

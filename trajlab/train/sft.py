@@ -52,7 +52,7 @@ SFT_METRIC_NAMES = {
     "perf/samples_per_s", "train_steps_per_second": "perf/steps_per_s", "total_flos": "perf/total_flos",
     "train_loss": "loss/sft_mean",
 }
-"""What the transformers Trainer logs during SFT, by the names users see (README, "Metrics"); anything else it
+"""What the transformers Trainer logs during SFT, by the names users see (docs/metrics.md); anything else it
 logs becomes ``sft/<name>``."""
 
 

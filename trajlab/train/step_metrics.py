@@ -1,4 +1,4 @@
-"""What an RL step logs: its rollouts' statistics, under the names users see (README, "Metrics"), and the step's
+"""What an RL step logs: its rollouts' statistics, under the names users see (docs/metrics.md), and the step's
 trajectories with what the update made of them (``rollouts.jsonl``, for ``trajlab report``)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ METRIC_NAMES = {
         "tokens_per_s", "rollout_s", "update_s", "rollout_wait_s", "overlap_s", "generate_calls", "drift_check_s",
         "processes")},
 }
-"""An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (README, "Metrics")."""
+"""An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (docs/metrics.md)."""
 METRIC_PREFIXES = {"reward/": "reward/", "mismatch/": "mismatch/", "staleness/": "rollout/staleness/",
                    "per_env/": "rollout/per_env/", "curriculum/": "curriculum/"}
 
