@@ -55,8 +55,8 @@ def scaled_copies(run: Path, total: int, out: Path) -> int:
 
 
 SHOTS = {
-    "report.png": "",  # the top: configuration, stages, evaluations
-    "report-curves.png": "document.getElementById('curves').previousElementSibling.scrollIntoView()",
+    "report.png": "",  # the top: the evaluations side by side, what each training stage fixed and broke
+    "report-curves.png": "document.getElementById('training').scrollIntoView()",  # the headline curves, smoothed
     # the first RL rollout that failed with an advantage on its turns, opened on its token view
     "report-tokens.png": """
         const select = document.getElementById("f-status"); select.value = "failure";

@@ -1,7 +1,8 @@
 """``trajlab report``: one self-contained HTML file that shows a run, its curves and every trajectory, token by token.
 
-``build`` gathers the data, ``page.html`` is the viewer (plain JavaScript and inline SVG, nothing fetched), and
-:func:`write_report` puts the two together.
+``build`` gathers the data, ``summary`` the first screen's answer to "did it learn?" (the evaluations side by side,
+what each training stage fixed and broke, the headline curves smoothed), ``page.html`` is the viewer (plain
+JavaScript and inline SVG, nothing fetched), and :func:`write_report` puts them together.
 """
 
 from __future__ import annotations

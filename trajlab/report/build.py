@@ -2,7 +2,8 @@
 
 A run directory gives its configuration (``config.yaml``), its stages (the directories ``trajlab run`` writes),
 its evaluations (``eval-*/eval.json``), its learning curves (``*/metrics.jsonl``) and its trajectories
-(``demos.jsonl``, ``eval-*/trajectories.jsonl``, ``rl/rollouts.jsonl``, ``evolve/gepa/rollouts.jsonl``). Token ids are
+(``demos.jsonl``, ``eval-*/trajectories.jsonl``, ``rl/rollouts.jsonl``, ``evolve/gepa/rollouts.jsonl``); from its
+evaluations and curves, :mod:`trajlab.report.summary` computes the first screen. Token ids are
 turned into text once per distinct id, with the tokenizer of the run's model when one is found, so the page stays
 small: a trajectory carries ids, the page the vocabulary it uses.
 """
@@ -22,6 +23,7 @@ from trajlab.chat.template import image_ids
 from trajlab.data.store import read_trajectories
 from trajlab.evaluation import EvalReport, load_report
 from trajlab.evaluation.metrics import metric_names, metric_value
+from trajlab.report import summary
 from trajlab.rollout.types import Trajectory, task_id
 
 logger = logging.getLogger(__name__)
@@ -39,8 +41,8 @@ def gather(sources: Iterable[str | Path], *, max_trajectories: int = 10_000) -> 
         FileNotFoundError: a source does not exist.
         ValueError: nothing to report (no trajectories, evaluations or metrics).
     """
-    data: dict[str, Any] = {"title": "", "config": "", "stages": [], "evals": [], "changed": [], "curves": {},
-                            "trajectories": [], "vocab": {}, "images": {}, "omitted": 0}
+    data: dict[str, Any] = {"title": "", "config": "", "stages": [], "evals": [], "eval_bars": [], "transitions": [],
+                            "curves": {}, "headline": [], "trajectories": [], "vocab": {}, "images": {}, "omitted": 0}
     files: list[tuple[str, Path]] = []
     tokenizer_dirs: list[Path] = []
     for source in map(Path, sources):
@@ -81,18 +83,27 @@ def _gather_run(run: Path, data: dict[str, Any], files: list[tuple[str, Path]]) 
     data["title"] = run.resolve().name
     evals = sorted((path.parent for path in run.glob("eval-*/eval.json")), key=_eval_order)
     config = run / "config.yaml"
+    stages: list[str] = []
     if config.exists():
         data["config"] = config.read_text()
-        data["stages"] = _stages(run, yaml.safe_load(data["config"]).get("stages", []), evals)
+        stages = yaml.safe_load(data["config"]).get("stages") or []
+        data["stages"] = _stages(run, stages, evals)
     reports = [load_report(folder / "eval.json") for folder in evals]
-    data["evals"] = [_eval_row(folder.name, report) for folder, report in zip(evals, reports, strict=True)]
-    if len(reports) >= 2:
-        data["changed"] = _changed(reports[0], reports[-1])
-    for metrics in sorted(run.glob("*/metrics.jsonl")):
+    names = [folder.name for folder in evals]
+    data["evals"] = [_eval_row(name, report) for name, report in zip(names, reports, strict=True)]
+    data["eval_bars"] = summary.eval_bars(names, reports)
+    data["transitions"] = summary.transitions(names, reports, summary.stages_between(stages, len(reports)))
+    for metrics in sorted(run.glob("*/metrics.jsonl"), key=lambda path: _stage_order(path.parent.name, stages)):
         data["curves"][metrics.parent.name] = _curves(metrics)
+    data["headline"] = summary.headline(data["curves"], stages)
     for pattern in TRAJECTORY_FILES:
         for path in sorted(run.glob(pattern), key=lambda p: _eval_order(p.parent)):
             files.append((str(path.parent.relative_to(run)) if path.parent != run else path.stem, path))
+
+
+def _stage_order(stage: str, stages: list[str]) -> tuple[int, str]:
+    """A training stage's directory in run order: where the config lists it, then by name."""
+    return (stages.index(stage) if stage in stages else len(stages), stage)
 
 
 def _eval_order(path: Path) -> tuple[int, str]:
@@ -126,18 +137,6 @@ def _eval_row(name: str, report: EvalReport) -> dict[str, Any]:
     numbers = {metric: value for metric in metric_names([report])
                if (value := metric_value(report, metric)) is not None}
     return {"name": name, "label": report.label} | numbers
-
-
-def _changed(first: EvalReport, last: EvalReport) -> list[dict[str, Any]]:
-    """Tasks whose success rate differs between the first and the last evaluation."""
-    before = {(t.env, t.task_id): t.successes / t.n for t in first.tasks}
-    rows = []
-    for task in last.tasks:
-        key = (task.env, task.task_id)
-        if key in before and before[key] != task.successes / task.n:
-            rows.append({"task": task.task_id, "env": task.env, "before": before[key],
-                         "after": task.successes / task.n})
-    return sorted(rows, key=lambda r: (r["after"] - r["before"], r["task"]))
 
 
 def _curves(path: Path) -> dict[str, list[list[float]]]:
