@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from trajlab.cli import app
-from trajlab.config import ConfigError, load_config
+from trajlab.config import ConfigError, TasksSettings, load_config
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.train.curriculum import Curriculum
@@ -56,6 +56,8 @@ def test_parquet_with_a_mapping_and_a_test_fraction_gives_the_envs_own_rows(parq
     assert list(again.iter_tasks("train", 0)) == train, "the same seed, the same order"
     in_order = _env({"source": str(parquet), **MAPPING, "shuffle": False})
     assert [t["task_id"] for t in in_order.iter_tasks("train", 3)] == [r["task_id"] for r in ROWS]
+    direct = TasksSettings(source=str(parquet), **MAPPING, test_fraction=0.25).apply(ARITHMETIC)
+    assert list(direct.iter_tasks("test", 0)) == test, "the Python API is the config's section"
     episode = ARITHMETIC.make()
     assert episode.reset(**train[0]) == train[0]["question"], "the env takes the mapped row as its task"
 
@@ -105,6 +107,10 @@ def test_each_mistake_is_one_clear_line(parquet, tmp_path):
         _env({"source": str(tmp_path / "missing.parquet")})
     with pytest.raises(ValueError, match=r"no column 'problme'.*its columns: problem, solution, origin, task_id"):
         _env({"source": str(parquet), "columns": {"problme": "question"}})
+    with pytest.raises(ValueError, match=r"tasks.columns gives a task two fields named answer"):
+        _env({"source": str(parquet), "columns": {"problem": "answer", "solution": "answer"}})
+    with pytest.raises(ValueError, match=r"two fields named a \(two columns mapped to it, or one mapped onto a"):
+        _env({"source": str(parquet), "columns": {"problem": "a"}})
     with pytest.raises(ValueError, match=r"no split 'validation' \(for trajlab's 'test'.*its splits: train\."):
         _env({"source": str(parquet), **MAPPING, "splits": {"train": "train", "test": "validation"}})
     with pytest.raises(ValueError, match=r"train row 1: not a arithmetic task: missing field 'answer'.*'question'"):

@@ -65,6 +65,12 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
             raise ValueError(f"{where}: no column {column!r} (tasks.columns / tasks.keep); its columns: "
                              f"{', '.join(names)}.")
     kept = [*columns, *(c for c in keep if c not in columns)] if keep is not None else names
+    targets = list(columns.values())
+    clashes = sorted({t for t in targets if targets.count(t) > 1 or (t in kept and t not in columns)})
+    if clashes:
+        raise ValueError(f"{where}: tasks.columns gives a task two fields named {', '.join(clashes)} (two columns "
+                         "mapped to it, or one mapped onto a column kept as it is); map one column to each field, "
+                         "and leave the other out with tasks.keep.")
     loaded = datasets.DatasetDict({name: part.select_columns(kept).rename_columns(dict(columns)).add_column(
         ROW_COLUMN, [f"{name} row {number}" for number in range(1, len(part) + 1)]) for name, part in loaded.items()})
     if test_fraction is not None:
