@@ -16,7 +16,7 @@ from trajlab.cli import app
 from trajlab.config import ConfigError, TasksSettings, load_config
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
-from trajlab.train.curriculum import Curriculum
+from trajlab.train.curriculum import Curriculum, build_stages
 
 ARITHMETIC = load_env("arithmetic")
 ROWS = list(itertools.islice(ARITHMETIC.iter_tasks("train", 0), 12))
@@ -147,11 +147,19 @@ def test_a_mixed_dataset_routes_each_row_to_the_env_it_names(tmp_path):
         _env({"source": str(tmp_path / "mixed.jsonl")})
 
 
-def test_rl_draws_its_tasks_from_the_dataset(parquet):
-    env = _env({"source": str(parquet), **MAPPING, "test_fraction": 0.25})
+def test_rl_and_a_curriculum_stage_draw_their_tasks_from_the_dataset(parquet):
+    tasks = {"source": str(parquet), **MAPPING, "test_fraction": 0.25}
+    config = load_config(None, {"env": "arithmetic", "tasks": tasks,
+                                "curriculum": {"stages": [{"name": "one", "task_filter": {"a": [1, 2, 3]}}]}})
+    env = config.env_spec()
     _, drawn = Curriculum.single(env, {}, seed=1).draw(0, 20)
     train = {t["task_id"] for t in env.iter_tasks("train", 0)}
     assert {t["task_id"] for t in drawn} == train, "every train row, cycled, and no other task"
+    (stage,) = build_stages(config.curriculum, env, config.rollout)
+    _, staged = Curriculum([stage], seed=1).draw(0, 20)
+    wanted = {t["task_id"] for t in env.iter_tasks("train", 0) if t["a"] in (1, 2, 3)}
+    assert wanted and wanted != train, "the filter picks some rows, not all"
+    assert {t["task_id"] for t in staged} == wanted, "the stage draws the dataset rows its filter picks"
 
 
 def test_trajlab_run_collects_trains_and_evaluates_on_a_parquet_file(parquet, tmp_path):
