@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from trajlab.cli import app
 from trajlab.config import ConfigError, TasksSettings, load_config
+from trajlab.data.datasets import rl_dataset, save_dataset
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.train.curriculum import Curriculum, build_stages
@@ -73,6 +74,13 @@ def test_jsonl_files_per_split_and_a_saved_datasets_folder(tmp_path):
     env = _env({"source": str(saved), "splits": {"train": "train", "test": "validation"}})
     assert sorted(t["task_id"] for t in env.iter_tasks("test", 0)) == sorted(r["task_id"] for r in ROWS[8:])
     assert len(list(env.iter_tasks("train", 0))) == 8
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_dataset_written_by_trajlab_dataset_kind_rl_gives_back_its_tasks(tmp_path, suffix):
+    written = save_dataset(rl_dataset(ROWS, env="arithmetic", split="train"), tmp_path / f"rl{suffix}")
+    env = _env({"source": str(written), "shuffle": False})
+    assert list(env.iter_tasks("train", 0)) == ROWS
 
 
 def _cache_named(cache: Path, build: Path, rows: list[dict]) -> None:

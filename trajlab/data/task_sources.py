@@ -10,6 +10,7 @@ run is refused, with its number, before any episode. The env then draws its task
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 import datasets
 from datasets.exceptions import DatasetNotFoundError
 
+from trajlab.data.datasets import RL_COLUMNS
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec
 
@@ -44,7 +46,8 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
     (dataset column -> task field) and cut to those and ``keep`` (None: every column), then split.
 
     ``splits`` maps trajlab splits to the dataset's (None: the dataset's own names); a dataset of one split is
-    first split into ``train`` and ``test`` by ``test_fraction`` (seeded by ``split_seed``) when that is given.
+    first split into ``train`` and ``test`` by ``test_fraction`` (seeded by ``split_seed``) when that is given. A
+    dataset written by ``trajlab dataset --kind rl`` (and pushed, say) gives back the tasks it was written from.
 
     Raises:
         FileNotFoundError: a file or folder that does not exist.
@@ -60,6 +63,7 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
             raise
         raise ValueError(f"{where}: split {empty[1]!r} has no rows; give it at least one task.") from exc
     names = loaded[next(iter(loaded))].column_names
+    written_by_trajlab = set(names) == set(RL_COLUMNS) and not columns and keep is None
     for column in [*columns, *(keep or [])]:
         if column not in names:
             raise ValueError(f"{where}: no column {column!r} (tasks.columns / tasks.keep); its columns: "
@@ -87,8 +91,15 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
         ours, theirs = next(iter(missing.items()))
         raise ValueError(f"{where}: no split {theirs!r} (for trajlab's {ours!r} in tasks.splits); its splits: "
                          f"{', '.join(loaded)}.")
-    rows = {ours: [(row.pop(ROW_COLUMN), row) for row in loaded[theirs].to_list()] for ours, theirs in chosen.items()}
-    return rows
+    return {ours: [(row.pop(ROW_COLUMN), _task_of(row) if written_by_trajlab else row)
+                   for row in loaded[theirs].to_list()] for ours, theirs in chosen.items()}
+
+
+def _task_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The task of a row of ``trajlab dataset --kind rl``: its ``task`` column, JSON text (Parquet, a folder) or
+    an object (JSON Lines)."""
+    task = row["task"]
+    return json.loads(task) if isinstance(task, str) else task
 
 
 def _describe(source: str | Mapping[str, str]) -> str:
