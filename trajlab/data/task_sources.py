@@ -62,21 +62,9 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
         if empty is None:
             raise
         raise ValueError(f"{where}: split {empty[1]!r} has no rows; give it at least one task.") from exc
-    names = loaded[next(iter(loaded))].column_names
-    written_by_trajlab = set(names) == set(RL_COLUMNS) and not columns and keep is None
-    for column in [*columns, *(keep or [])]:
-        if column not in names:
-            raise ValueError(f"{where}: no column {column!r} (tasks.columns / tasks.keep); its columns: "
-                             f"{', '.join(names)}.")
-    kept = [*columns, *(c for c in keep if c not in columns)] if keep is not None else names
-    targets = list(columns.values())
-    clashes = sorted({t for t in targets if targets.count(t) > 1 or (t in kept and t not in columns)})
-    if clashes:
-        raise ValueError(f"{where}: tasks.columns gives a task two fields named {', '.join(clashes)} (two columns "
-                         "mapped to it, or one mapped onto a column kept as it is); map one column to each field, "
-                         "and leave the other out with tasks.keep.")
-    loaded = datasets.DatasetDict({name: part.select_columns(kept).rename_columns(dict(columns)).add_column(
-        ROW_COLUMN, [f"{name} row {number}" for number in range(1, len(part) + 1)]) for name, part in loaded.items()})
+    written_by_trajlab = set(loaded[next(iter(loaded))].column_names) == set(RL_COLUMNS) and not columns and (
+        keep is None)
+    loaded = _mapped(loaded, columns, keep, where)
     if test_fraction is not None:
         if len(loaded) != 1:
             raise ValueError(f"{where}: tasks.test_fraction splits a dataset of one split, and this one has "
@@ -93,6 +81,25 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
                          f"{', '.join(loaded)}.")
     return {ours: [(row.pop(ROW_COLUMN), _task_of(row) if written_by_trajlab else row)
                    for row in loaded[theirs].to_list()] for ours, theirs in chosen.items()}
+
+
+def _mapped(loaded: datasets.DatasetDict, columns: Mapping[str, str], keep: Sequence[str] | None,
+            where: str) -> datasets.DatasetDict:
+    """Every split with its columns renamed and cut, and each row's place in the source added (``ROW_COLUMN``)."""
+    names = loaded[next(iter(loaded))].column_names
+    for column in [*columns, *(keep or [])]:
+        if column not in names:
+            raise ValueError(f"{where}: no column {column!r} (tasks.columns / tasks.keep); its columns: "
+                             f"{', '.join(names)}.")
+    kept = [*columns, *(c for c in keep if c not in columns)] if keep is not None else names
+    targets = list(columns.values())
+    clashes = sorted({t for t in targets if targets.count(t) > 1 or (t in kept and t not in columns)})
+    if clashes:
+        raise ValueError(f"{where}: tasks.columns gives a task two fields named {', '.join(clashes)} (two columns "
+                         "mapped to it, or one mapped onto a column kept as it is); map one column to each field, "
+                         "and leave the other out with tasks.keep.")
+    return datasets.DatasetDict({name: part.select_columns(kept).rename_columns(dict(columns)).add_column(
+        ROW_COLUMN, [f"{name} row {number}" for number in range(1, len(part) + 1)]) for name, part in loaded.items()})
 
 
 def _task_of(row: dict[str, Any]) -> dict[str, Any]:
