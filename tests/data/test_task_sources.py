@@ -191,6 +191,15 @@ def test_trajlab_run_collects_trains_and_evaluates_on_a_parquet_file(parquet, tm
     assert {t.task["task_id"] for t in read_trajectories(evaluated / "trajectories.jsonl")} == set(test)
 
 
+def test_trajlab_run_refuses_a_split_its_stages_draw_before_the_first_stage(parquet, tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"run_dir": str(tmp_path / "run"), "env": "arithmetic",
+                                      "stages": ["collect", "eval"], "tasks": {"source": str(parquet), **MAPPING}}))
+    result = CliRunner().invoke(app, ["run", str(config)])
+    assert result.exit_code == 1 and "has splits ['train'], not 'test' (its tasks come from" in result.stdout
+    assert not (tmp_path / "run" / "demos.jsonl").exists() and not (tmp_path / "run" / "model").exists()
+
+
 def test_eval_on_the_cli_takes_the_tasks_section_and_tasks_file_still_wins(parquet, tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"env": "arithmetic", "tasks": {"source": str(parquet), **MAPPING,
