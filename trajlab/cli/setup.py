@@ -1,4 +1,4 @@
-"""``trajlab envs``, ``trajlab model init`` and ``trajlab config show``: what there is to run, and with what."""
+"""``trajlab envs``, ``trajlab model init|push`` and ``trajlab config show``: what there is to run, and with what."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from rich.table import Table
 
 from trajlab.cli.common import Sets, console, load, setting, usage_error
 
-model_app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
+model_app = typer.Typer(help="Build, inspect and publish models.", no_args_is_help=True)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
 
 
@@ -93,6 +93,25 @@ def model_init(
         raise ValueError(str(exc)) from exc
     elapsed = time.perf_counter() - started
     console.print(f"Wrote {kind} ({_parameters(path) / 1e6:.2f}M parameters) to {path} in {elapsed:.1f}s")
+
+
+@model_app.command("push")
+def model_push(
+    model_dir: Annotated[Path, typer.Argument(help="A model directory, e.g. a run's rl/final or sft/final.")],
+    repo: Annotated[str, typer.Option(help="The Hub model repository to push to, user-or-org/name (created if "
+                                           "missing).")],
+    private: Annotated[bool, typer.Option(help="Create the repository private.")] = False,
+) -> None:
+    """Push a trained model directory to the Hugging Face Hub; needs a token with write access (HF_TOKEN, or `hf
+    auth login`)."""
+    from trajlab.models.hub import push_to_hub
+
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir}: not a model directory (no config.json); give a trained model's folder, e.g. "
+                         "RUN/rl/final.")
+    url = push_to_hub(model_dir, repo, repo_type="model", private=private, message=f"Upload {model_dir.name} with "
+                      "trajlab")
+    console.print(f"Pushed {model_dir} to {repo}: {url}")
 
 
 def _init_model(out_dir: Path, *, seed: int, overwrite: bool, vision: bool, arch: str | None,

@@ -25,6 +25,10 @@ def dataset_command(
     out: Annotated[Path, typer.Option(help="Output: FILE.jsonl, FILE.parquet, or a directory (save_to_disk).")],
     format: Annotated[Literal["disk", "jsonl", "parquet"] | None, typer.Option(
         "--format", help="Output format (default: from OUT's suffix).")] = None,
+    push_to_hub: Annotated[str | None, typer.Option(
+        help="Also upload OUT to this Hub dataset repository, user-or-org/name (created if missing); needs a token "
+             "with write access (HF_TOKEN, or `hf auth login`).")] = None,
+    private: Annotated[bool, typer.Option(help="With --push-to-hub: create the repository private.")] = False,
     config: ConfigFile = None,
     sets: Sets = None,
     *,
@@ -38,9 +42,14 @@ def dataset_command(
     """
     from trajlab.data.datasets import preference_dataset, rl_dataset, save_dataset, sft_dataset
     from trajlab.data.store import read_trajectories
+    from trajlab.models import hub
 
     if kind != "sft" and any(value is not None for value in given.values()):
         raise usage_error("--include-failures, --shortest-per-task and --max-tokens apply to --kind sft only.")
+    if private and push_to_hub is None:
+        raise usage_error("--private applies to --push-to-hub only.")
+    if push_to_hub is not None:
+        hub.hub_token()  # no token: said before the dataset is built, not after
     shaping = load(config, sets, given).dataset
     trajectories = [t for source in sources for t in read_trajectories(source)]
     if not trajectories:
@@ -52,6 +61,10 @@ def dataset_command(
         built = rl_dataset(trajectories) if kind == "rl" else preference_dataset(trajectories)
     path = save_dataset(built, out, format)
     console.print(f"Wrote {len(built)} {kind} rows from {len(trajectories)} trajectories to {path}")
+    if push_to_hub is not None:
+        url = hub.push_to_hub(path, push_to_hub, repo_type="dataset", private=private,
+                              message=f"Upload {kind} dataset with trajlab")
+        console.print(f"Pushed {path} to {push_to_hub}: {url}")
     if kind == "preference" and len(built) == 0:
         console.print("[yellow]No task has both a success and a failure with the same prompt: nothing to pair.[/]")
 

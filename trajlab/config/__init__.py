@@ -28,10 +28,11 @@ from trajlab.config.sections import (
     TrainingSettings,
     VLLMSettings,
 )
+from trajlab.config.tasks import TasksSettings
 
 __all__ = [
     "CollectSettings", "ConfigError", "CurriculumSettings", "DatasetSettings", "EvalSettings", "EvolveSettings",
     "LimitSettings", "LoraSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
-    "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TrainingSettings",
-    "VLLMSettings", "describe_errors", "load_config",
+    "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TasksSettings",
+    "TrainingSettings", "VLLMSettings", "describe_errors", "load_config",
 ]

@@ -24,6 +24,7 @@ from trajlab.config.sections import (
     ServeSettings,
     SFTSettings,
 )
+from trajlab.config.tasks import TasksSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec
 from trajlab.tracking import TrackerName
@@ -42,6 +43,9 @@ class PipelineConfig(Section):
     difficulty: dict[str, int] = Field(default_factory=dict)
     """Difficulty knobs of the env (``trajlab envs`` lists each env's), e.g. ``{max_operand: 20}``; in a mixture each
     knob goes to the envs that have it. Every stage uses them except RL under a curriculum (its stages set theirs)."""
+    tasks: TasksSettings | None = None
+    """Tasks from a dataset (a file, a ``datasets`` folder or a cached dataset name) instead of the env's generator,
+    in every stage that draws tasks; None: the env's own."""
     seed: int = 0
     """Training seed (and task order of the collect and RL stages)."""
     report_to: list[TrackerName] = Field(default_factory=list)
@@ -72,14 +76,20 @@ class PipelineConfig(Section):
     env throughout."""
 
     def env_spec(self) -> EnvSpec | EnvMixture:
-        """The configured env (or mixture), loaded, at the configured difficulty.
+        """The configured env (or mixture), loaded, at the configured difficulty or drawing the configured tasks.
 
         Raises:
-            ConfigError: no env is configured.
+            ConfigError: no env is configured, or both difficulty and tasks are.
+            FileNotFoundError, ValueError: the tasks' source, mapping, splits or rows are wrong.
         """
         if self.env is None:
             raise ConfigError("no env: give --env, or a --config naming one (or --set env=NAME).")
         env = load_envs(self.env)
+        if self.tasks is not None:
+            if self.difficulty:
+                raise ConfigError("difficulty sets the env's task generator, which tasks replaces: remove one of "
+                                  "them.")
+            return self.tasks.apply(env)
         return env.with_options(**self.difficulty) if self.difficulty else env
 
 

@@ -159,7 +159,10 @@ class EnvSpec:
                 f"Environment '{self.name}' has no task generator; pass tasks from a file (--tasks FILE.jsonl)."
             )
         if split not in self.splits:
-            raise ValueError(f"Environment '{self.name}' has splits {list(self.splits)}, not '{split}'.")
+            source = self.metadata.get("tasks_source")
+            hint = (f" (its tasks come from {source}: map a dataset split to '{split}' with tasks.splits, or split "
+                    "a dataset of one split with tasks.test_fraction)") if source else ""
+            raise ValueError(f"Environment '{self.name}' has splits {list(self.splits)}, not '{split}'{hint}.")
         yield from self.tasks(split, seed, **self.options)
 
 

@@ -1,4 +1,5 @@
-"""Models by Hugging Face name: ``Qwen/Qwen3-1.7B`` resolves to its snapshot in the standard Hugging Face cache.
+"""Models by Hugging Face name: ``Qwen/Qwen3-1.7B`` resolves to its snapshot in the standard Hugging Face cache; and
+pushing a model or dataset to the Hub (:func:`push_to_hub`).
 
 Every loader takes a local directory; a name is turned into one here, once, with huggingface_hub's own cache logic
 (``HF_HUB_CACHE``, ``HF_HOME``, ``HF_HUB_OFFLINE`` and ``HF_TOKEN`` mean what they mean to ``hf download``). A name
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import transformers  # noqa: F401  (imported before huggingface_hub, whose lazy imports otherwise warn of a cycle)
-from huggingface_hub import constants, snapshot_download
+from huggingface_hub import HfApi, constants, get_token, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+from trajlab.errors import UserError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """What a Hugging Face model name looks like: ``org/name``."""
@@ -58,3 +62,41 @@ def resolve_model_dir(name_or_path: str | Path, what: str = "model") -> Path:
         f"({constants.HF_HUB_CACHE}); {why}. Download it where the network allows with `hf download {name}` (the "
         "same cache, or set HF_HUB_CACHE to where it is), or give a model directory."
     )
+
+
+def hub_token() -> str:
+    """The Hugging Face token huggingface_hub finds (``HF_TOKEN``, else the one ``hf auth login`` stored).
+
+    Raises:
+        UserError: there is none; the message says how to give one.
+    """
+    token = get_token()
+    if token is None:
+        raise UserError("no Hugging Face token to push with: set HF_TOKEN to a token with write access "
+                        "(https://huggingface.co/settings/tokens) or run `hf auth login`, then push again.")
+    return token
+
+
+def push_to_hub(path: str | Path, repo: str, *, repo_type: Literal["model", "dataset"], private: bool,
+                message: str) -> str:
+    """Upload a folder (every file in it) or one file to the Hub repository ``repo``, created if it does not exist;
+    returns the commit's URL. ``HF_ENDPOINT`` points huggingface_hub at another Hub.
+
+    Raises:
+        UserError: no token (:func:`hub_token`), a name that is no repository id, or the Hub refused (the message
+            quotes it).
+    """
+    if not REPO_ID.fullmatch(repo):
+        raise UserError(f"{repo!r} is no Hugging Face repository id: give one as user-or-org/name.")
+    api = HfApi(token=hub_token())
+    path = Path(path)
+    try:
+        api.create_repo(repo, repo_type=repo_type, private=private, exist_ok=True)
+        if path.is_dir():
+            commit = api.upload_folder(folder_path=path, repo_id=repo, repo_type=repo_type, commit_message=message)
+        else:
+            commit = api.upload_file(path_or_fileobj=path, path_in_repo=path.name, repo_id=repo, repo_type=repo_type,
+                                     commit_message=message)
+    except HfHubHTTPError as exc:
+        raise UserError(f"pushing {path} to {repo} failed: {' '.join(str(exc).split())[:300]}") from exc
+    return commit.commit_url

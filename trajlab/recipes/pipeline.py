@@ -54,6 +54,10 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
     (run / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     _require_extras(config)
     env = config.env_spec()
+    if config.tasks is not None:  # a dataset may lack a split a stage draws: say so before the first stage
+        needed = {"collect": config.collect.split, "eval": config.eval.split, "rl": "train", "evolve": "train"}
+        for split in sorted({needed[stage] for stage in config.stages if stage in needed}):
+            next(iter(env.iter_tasks(split, config.seed)), None)
     if config.curriculum is not None and "rl" in config.stages:  # a bad stage fails now, not after the stages before
         build_stages(config.curriculum, env, config.rollout)
     if config.collect.reference and "collect" in config.stages:  # likewise a reference the env does not have
