@@ -9,6 +9,7 @@ the closest valid name, instead of silently falling back to a default.
 """
 
 from trajlab.config.curriculum import CurriculumSettings, PromoteRule, StageSettings
+from trajlab.config.mcp import McpSettings
 from trajlab.config.pipeline import PipelineConfig, Stage, describe_errors, load_config
 from trajlab.config.sections import (
     CollectSettings,
@@ -31,7 +32,7 @@ from trajlab.config.sections import (
 
 __all__ = [
     "CollectSettings", "ConfigError", "CurriculumSettings", "DatasetSettings", "EvalSettings", "EvolveSettings",
-    "LimitSettings", "LoraSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
+    "LimitSettings", "LoraSettings", "McpSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
     "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TrainingSettings",
     "VLLMSettings", "describe_errors", "load_config",
 ]

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from trajlab.config.curriculum import CurriculumSettings
+from trajlab.config.mcp import McpSettings
 from trajlab.config.sections import (
     CollectSettings,
     ConfigError,
@@ -70,6 +71,8 @@ class PipelineConfig(Section):
     curriculum: CurriculumSettings | None = None
     """RL in stages (tasks, difficulty, limits and env mixture of each, and when to move on); None: RL on the run's
     env throughout."""
+    mcp: McpSettings | None = None
+    """The MCP server whose tools are the env of ``env: mcp`` (docs/mcp.md)."""
 
     def env_spec(self) -> EnvSpec | EnvMixture:
         """The configured env (or mixture), loaded, at the configured difficulty.
@@ -79,6 +82,12 @@ class PipelineConfig(Section):
         """
         if self.env is None:
             raise ConfigError("no env: give --env, or a --config naming one (or --set env=NAME).")
+        if self.env == "mcp":
+            if self.mcp is None:
+                raise ConfigError("env: mcp needs an mcp: section naming the server: mcp.command (a stdio server's "
+                                  "argv) or mcp.url (a streamable-HTTP endpoint), e.g. --set 'mcp.command=[python3, "
+                                  "server.py]'.")
+            return self.mcp.spec()
         env = load_envs(self.env)
         return env.with_options(**self.difficulty) if self.difficulty else env
 
