@@ -59,6 +59,13 @@ def sdk_server():  # noqa: ANN201 (the SDK's type, imported here only)
         return os.getpid()
 
     @server.tool()
+    def whoami() -> str:
+        """The server's uid and host name (in the sandbox: its own uid, host name 'sandbox')."""
+        import socket
+
+        return f"{os.getuid()} {socket.gethostname()}"
+
+    @server.tool()
     def hang(seconds: float) -> str:
         """Sleep, blocking the whole server."""
         time.sleep(seconds)
