@@ -2,6 +2,7 @@
 streamable HTTP on loopback, a hand-written one that breaks the protocol, and episodes through the real engine."""
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from trajlab.config import ConfigError, McpSettings, load_config
 from trajlab.env.base import EnvHandle
 from trajlab.env.content import tool_content
 from trajlab.env.mcp_client import McpToolError
-from trajlab.errors import InfrastructureError
+from trajlab.errors import InfrastructureError, UserError
 from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.runner import Episode
 
@@ -188,9 +189,9 @@ def test_a_streamable_http_server(http_url, lifetime):
 
 
 def test_wrong_schemas_a_silent_server_and_garbage_are_clear_errors():
-    with pytest.raises(InfrastructureError, match=r"could not start: .*inputSchema.type"):
+    with pytest.raises(UserError, match=r"could not start: .*inputSchema.type"):
         stdio("raw", "bad_schema").spec()
-    with pytest.raises(InfrastructureError, match=r"did not start within 2 s \(mcp.startup_timeout_s\)"):
+    with pytest.raises(UserError, match=r"did not start within 2 s \(mcp.startup_timeout_s\)"):
         stdio("raw", "silent", startup_timeout_s=2).spec()
     spec = stdio("raw", "garbage", call_timeout_s=2).spec()
     env = opened(spec)
@@ -201,7 +202,7 @@ def test_wrong_schemas_a_silent_server_and_garbage_are_clear_errors():
 
 def test_a_missing_program_is_an_infrastructure_error():
     settings = McpSettings(command=["/nonexistent/server"], startup_timeout_s=5)
-    with pytest.raises(InfrastructureError, match="could not start"):
+    with pytest.raises(UserError, match="could not start.*No such file"):
         settings.spec()
 
 
@@ -217,3 +218,19 @@ def test_the_config_section_says_what_is_wrong():
     config = load_config(None, {"env": "mcp", "mcp": {"command": ["/usr/bin/python3", SERVER, "sdk", "stdio"],
                                                       "env": {"PYTHONPATH": SITE}, "read_only_paths": [SITE, HERE]}})
     assert "add" in {schema["function"]["name"] for schema in config.env_spec().tools}
+
+
+def test_trajlab_envs_lists_the_servers_tools():
+    from typer.testing import CliRunner
+
+    from trajlab.cli import app
+
+    sets = ["--set", "mcp.command=[/usr/bin/python3, " + SERVER + ", sdk, stdio]", "--set",
+            "mcp.env={PYTHONPATH: " + SITE + "}", "--set", f"mcp.read_only_paths=[{SITE}, {HERE}]"]
+    result = CliRunner().invoke(app, ["envs", "--json", *sets], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    row = {row["name"]: row for row in json.loads(result.stdout)}["mcp"]
+    assert {tool["function"]["name"] for tool in row["tools"]} >= {"add", "red_square", "fail"}
+    assert row["limits"]["tool_timeout_s"] == 35.0, "past mcp.call_timeout_s: a silent server is caught as one"
+    result = CliRunner().invoke(app, ["envs", "--set", "mcp.command=[/nonexistent/server]"], catch_exceptions=False)
+    assert result.exit_code == 1 and result.stdout.startswith("error: MCP server /nonexistent/server could not start")

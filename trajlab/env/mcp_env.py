@@ -210,11 +210,13 @@ def mcp_spec(options: McpServerOptions, *, shared: bool, reset_tool: str | None,
             them, tasks come from a tasks file (``--tasks``).
 
     Raises:
-        InfrastructureError: the server could not start or its ``tools/list`` answer is not MCP.
-        UserError: the server lists no tool, a tool has a reserved name, or ``reset_tool`` is not one of its tools.
+        UserError: the server could not start or its ``tools/list`` answer is not MCP, it lists no tool, a tool has a reserved name, or ``reset_tool`` is not one of its tools.
     """
     server = McpServer(options, shared=shared, reset_tool=reset_tool)
-    connection = server.first()
+    try:
+        connection = server.first()
+    except InfrastructureError as exc:  # before any episode: the config's server is wrong, the user's to fix
+        raise UserError(f"{exc}. Check the mcp: section (docs/mcp.md).") from exc
     try:
         tools = connection.tools
         names = [tool.name for tool in tools]
