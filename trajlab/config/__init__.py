@@ -32,7 +32,7 @@ from trajlab.config.sections import (
 
 __all__ = [
     "CollectSettings", "ConfigError", "CurriculumSettings", "DatasetSettings", "EvalSettings", "EvolveSettings",
-    "LimitSettings", "LoraSettings", "McpSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
-    "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TrainingSettings",
-    "VLLMSettings", "describe_errors", "load_config",
+    "LimitSettings", "LoraSettings", "McpSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings",
+    "RewardWeights", "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings",
+    "TrainingSettings", "VLLMSettings", "describe_errors", "load_config",
 ]

@@ -33,9 +33,9 @@ class McpSettings(Section):
     read_only_paths: list[str] = Field(default_factory=list)
     """Host paths a stdio server sees read-only at the same path: its program, its Python packages (their files
     must be readable by every user: the sandbox runs as its own uid)."""
-    cpu_seconds: int = Field(3600, ge=1)
+    server_cpu_s: int = Field(3600, ge=1)
     """CPU seconds a stdio server's process may use in its life (a shared server lives for the whole run)."""
-    memory_mb: int = Field(2048, ge=64)
+    server_memory_mb: int = Field(2048, ge=64)
     """Address space of each of a stdio server's processes, in MiB."""
 
     @model_validator(mode="after")

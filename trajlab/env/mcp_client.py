@@ -41,8 +41,8 @@ class McpServerOptions(Protocol):
     read_only_paths: list[str]
     call_timeout_s: float
     startup_timeout_s: float
-    cpu_seconds: int
-    memory_mb: int
+    server_cpu_s: int
+    server_memory_mb: int
 
 
 class McpToolError(Exception):
@@ -95,9 +95,10 @@ class McpConnection:
 
         target: Any = self.options.url
         if self.options.command is not None:
-            self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-            self._sandbox = Sandbox(SandboxLimits(cpu_seconds=self.options.cpu_seconds,
-                                                  memory_bytes=self.options.memory_mb << 20),
+            # the server's stderr, quoted when it fails; open as long as the connection (closed by close())
+            self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+            self._sandbox = Sandbox(SandboxLimits(cpu_seconds=self.options.server_cpu_s,
+                                                  memory_bytes=self.options.server_memory_mb << 20),
                                     read_only_paths=self.options.read_only_paths)
             argv, environment = self._sandbox.process_argv(self.options.command)
             parameters = mcp.StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(self._sandbox.path),
@@ -109,15 +110,16 @@ class McpConnection:
             self.tools = ready.result(self.options.startup_timeout_s)
         except concurrent.futures.TimeoutError:
             holder.cancel()
+            tail = self._tail()
             self.close()
             raise InfrastructureError(f"MCP server {self.label} did not start within "
-                                      f"{self.options.startup_timeout_s:g} s (mcp.startup_timeout_s){self._tail()}") \
-                from None
+                                      f"{self.options.startup_timeout_s:g} s (mcp.startup_timeout_s){tail}") from None
         except BaseException as exc:
+            tail = self._tail()
             self.close()
             cause = root_cause(exc)
             raise InfrastructureError(f"MCP server {self.label} could not start: {type(cause).__name__}: "
-                                      f"{_one_line(cause)}{self._tail()}") from exc
+                                      f"{_one_line(cause)}{tail}") from exc
         self.alive = True
 
     async def _hold(self, client_cls: type, target: Any, ready: concurrent.futures.Future[list[Any]]) -> None:
@@ -188,6 +190,8 @@ class McpConnection:
         if self._sandbox is not None:
             self._sandbox.cleanup()
             self._sandbox = None
+        if self._stderr is not None:
+            self._stderr.close()
 
     def _tail(self) -> str:
         """The end of a stdio server's stderr, as a suffix of an error message ("" when it wrote none)."""

@@ -210,7 +210,8 @@ def mcp_spec(options: McpServerOptions, *, shared: bool, reset_tool: str | None,
             them, tasks come from a tasks file (``--tasks``).
 
     Raises:
-        UserError: the server could not start or its ``tools/list`` answer is not MCP, it lists no tool, a tool has a reserved name, or ``reset_tool`` is not one of its tools.
+        UserError: the server could not start or its ``tools/list`` answer is not MCP, it lists no tool, a tool has
+            a reserved name, or ``reset_tool`` is not one of its tools.
     """
     server = McpServer(options, shared=shared, reset_tool=reset_tool)
     try:
