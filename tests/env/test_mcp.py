@@ -234,3 +234,39 @@ def test_trajlab_envs_lists_the_servers_tools():
     assert row["limits"]["tool_timeout_s"] == 35.0, "past mcp.call_timeout_s: a silent server is caught as one"
     result = CliRunner().invoke(app, ["envs", "--set", "mcp.command=[/nonexistent/server]"], catch_exceptions=False)
     assert result.exit_code == 1 and result.stdout.startswith("error: MCP server /nonexistent/server could not start")
+
+
+def test_trajlab_collect_with_env_mcp_set_on_the_command_line(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from trajlab.cli import app
+    from trajlab.data.store import read_trajectories
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"prompt": "What is 2 + 3?", "answer": "5"}\n{"prompt": "What is 4 + 4?", "answer": "8"}\n')
+    sets = ["--set", "mcp.command=[/usr/bin/python3, " + SERVER + ", sdk, stdio]", "--set",
+            "mcp.env={PYTHONPATH: " + SITE + "}", "--set", f"mcp.read_only_paths=[{SITE}, {HERE}]"]
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(app, ["collect", "--env", "mcp", *sets, "--tasks", str(tasks), "--policy",
+                                      str(tiny_model_dir), "--episodes", "2", "--max-new-tokens", "8", "--max-turns",
+                                      "1", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    trajectories = list(read_trajectories(out))
+    assert sorted(t.task["answer"] for t in trajectories) == ["5", "8"]
+    assert all(t.status != "error" and t.tools for t in trajectories), [t.error for t in trajectories]
+
+
+def test_an_error_episode_is_retried_on_a_restarted_shared_server(shared, tiny_tokenizer, tiny_template):
+    restarts = shared.env_cls.server.restarts
+    with engine(shared, tiny_tokenizer, tiny_template, [call("die", "{}")]) as dying:
+        trajectories = asyncio.run(dying.run([Episode("e", {"prompt": "go"})], concurrency=1, retries=1,
+                                             retry_backoff_s=0.0))
+    assert [t.status for t in trajectories] == ["error"] and "tools/call 'die'" in trajectories[0].error
+    assert shared.env_cls.server.restarts == restarts + 1, "the retry ran on a new server (and killed it too)"
+
+
+def test_check_env_checks_an_mcp_env(per_episode):
+    import trajlab
+
+    report = trajlab.check_env(per_episode, tasks=[{"prompt": "What is 2 + 3?", "answer": "5"}])
+    assert report.env == "mcp" and report.tasks == 1 and {"add", "red_square"} <= set(report.tools)
