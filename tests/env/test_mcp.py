@@ -270,3 +270,28 @@ def test_check_env_checks_an_mcp_env(per_episode):
 
     report = trajlab.check_env(per_episode, tasks=[{"prompt": "What is 2 + 3?", "answer": "5"}])
     assert report.env == "mcp" and report.tasks == 1 and {"add", "red_square"} <= set(report.tools)
+
+
+def test_an_image_result_is_token_exact_for_a_vision_model(per_episode, tiny_vision_dir):
+    from trajlab.chat.template import ChatTemplate
+    from trajlab.inference.policy import load_policy
+
+    def oracle(task, messages):
+        if not any(message["role"] == "tool" for message in messages):
+            return {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "red_square", "arguments": {}}}]}
+        return {"role": "assistant", "content": "red"}
+
+    policy = load_policy("oracle", tokenizer=tiny_vision_dir, oracle=oracle, device="auto", dtype="auto",
+                         backend="hf", max_batch_size=4)
+    with RolloutEngine(per_episode, policy.generator, policy.tokenizer, chat_template=policy.chat_template,
+                       parser=get_parser("auto", policy.tokenizer), seed=0, processor=policy.processor) as engine:
+        trajectory = asyncio.run(engine.run_episode(Episode("e", {"prompt": "Which color?", "answer": "red"})))
+    assert trajectory.status == "success" and len(trajectory.images) == 1
+    assert trajectory.image(trajectory.images[0]).getpixel((1, 1)) == (255, 0, 0)
+    rendered = ChatTemplate(policy.tokenizer, trajectory.tools, policy.chat_template, policy.processor).render(
+        trajectory.messages)
+    expanded = policy.processor(text=rendered, images=[trajectory.image(i) for i in trajectory.images],
+                                add_special_tokens=False)["input_ids"][0]
+    ids = trajectory.tokens.prompt_ids + trajectory.tokens.completion_ids
+    assert policy.tokenizer.decode(ids, skip_special_tokens=False) == policy.tokenizer.decode(expanded)
