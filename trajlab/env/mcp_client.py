@@ -17,8 +17,10 @@ is marked broken (:attr:`McpConnection.alive`) so that its owner starts a new on
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
+import json
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -213,8 +215,6 @@ def _one_line(value: object) -> str:
 def result_parts(result: Any) -> list[dict[str, Any]]:
     """A ``CallToolResult``'s content as parts: text (text, and embedded text resources), images (decoded bytes);
     anything else (audio, links, binary resources) as a line of text saying what it was."""
-    import base64
-
     parts: list[dict[str, Any]] = []
     for item in result.content:
         kind = getattr(item, "type", "")
@@ -229,8 +229,6 @@ def result_parts(result: Any) -> list[dict[str, Any]]:
         else:
             parts.append({"type": "text", "text": f"[{kind or type(item).__name__} content, not shown]"})
     if not parts and getattr(result, "structured_content", None) is not None:
-        import json
-
         parts.append({"type": "text", "text": json.dumps(result.structured_content)})
     return parts
 
