@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"serve": ["fastapi", "starlette", "uvicorn", "httpx2"], "evolve": ["gepa"], "lora": ["peft"],
           "ray": ["ray"], "vllm": ["vllm"], "tensorboard": ["tensorboard"], "wandb": ["wandb"],
           "trackio": ["trackio"], "mlflow": ["mlflow"], "browser": ["selenium"], "vision": ["PIL"],
-          "harmony": ["openai_harmony"], "docs": ["mkdocs"]}
+          "harmony": ["openai_harmony"], "docs": ["mkdocs"], "mcp": ["mcp"]}
 # Extras not in the `test` extra, each with the reason.
 LANE_EXTRAS = {
     "vllm": "scripts/test.sh --vllm runs tests/vllm in .venv-vllm (scripts/setup_vllm.sh): it pins its own torch",

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trajlab.cli.common import Sets, console, load, setting, usage_error
+from trajlab.cli.common import ConfigFile, Sets, console, load, setting, usage_error
 
 model_app = typer.Typer(help="Build, inspect and publish models.", no_args_is_help=True)
 config_app = typer.Typer(help="Show the effective configuration.", no_args_is_help=True)
@@ -22,8 +22,11 @@ config_app = typer.Typer(help="Show the effective configuration.", no_args_is_he
 def envs(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
     docs: Annotated[Path | None, typer.Option(help="Write a Markdown page per env (tools from their schemas).")] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
 ) -> None:
-    """List the registered environments, their tools and default episode limits."""
+    """List the registered environments, their tools and default episode limits; with an mcp: section (in --config
+    or --set), also the MCP server's tools as the env 'mcp'."""
     from trajlab.env.registry import load_env, registered_names
     from trajlab.errors import MissingDependency
 
@@ -43,6 +46,12 @@ def envs(
         rows.append({"name": name, "description": spec.description, "tools": spec.tools,
                      "limits": spec.limits.model_dump(), "knobs": [asdict(knob) for knob in spec.knobs],
                      "references": sorted(spec.references)})
+    settings = load(config, sets, {}).mcp if config is not None or sets else None
+    if settings is not None:
+        spec = settings.spec()  # a server that cannot start is the user's error, said in one line
+        rows.append({"name": "mcp", "description": spec.description, "tools": spec.tools,
+                     "limits": spec.limits.model_dump(), "knobs": [], "references": []})
+        spec.env_cls.server.close()
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

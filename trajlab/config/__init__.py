@@ -9,6 +9,7 @@ the closest valid name, instead of silently falling back to a default.
 """
 
 from trajlab.config.curriculum import CurriculumSettings, PromoteRule, StageSettings
+from trajlab.config.mcp import McpSettings
 from trajlab.config.pipeline import PipelineConfig, Stage, describe_errors, load_config
 from trajlab.config.sections import (
     CollectSettings,
@@ -32,7 +33,8 @@ from trajlab.config.tasks import TasksSettings
 
 __all__ = [
     "CollectSettings", "ConfigError", "CurriculumSettings", "DatasetSettings", "EvalSettings", "EvolveSettings",
-    "LimitSettings", "LoraSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings", "RewardWeights",
-    "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings", "TasksSettings",
+    "LimitSettings", "LoraSettings", "McpSettings", "ModelSettings", "PipelineConfig", "PromoteRule", "RLSettings",
+    "RewardWeights", "RolloutSettings", "SFTSettings", "Section", "ServeSettings", "Stage", "StageSettings",
+    "TasksSettings",
     "TrainingSettings", "VLLMSettings", "describe_errors", "load_config",
 ]

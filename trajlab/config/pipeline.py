@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from trajlab.config.curriculum import CurriculumSettings
+from trajlab.config.mcp import McpSettings
 from trajlab.config.sections import (
     CollectSettings,
     ConfigError,
@@ -74,6 +75,8 @@ class PipelineConfig(Section):
     curriculum: CurriculumSettings | None = None
     """RL in stages (tasks, difficulty, limits and env mixture of each, and when to move on); None: RL on the run's
     env throughout."""
+    mcp: McpSettings | None = None
+    """The MCP server whose tools are the env of ``env: mcp`` (docs/mcp.md)."""
 
     def env_spec(self) -> EnvSpec | EnvMixture:
         """The configured env (or mixture), loaded, at the configured difficulty or drawing the configured tasks.
@@ -84,7 +87,14 @@ class PipelineConfig(Section):
         """
         if self.env is None:
             raise ConfigError("no env: give --env, or a --config naming one (or --set env=NAME).")
-        env = load_envs(self.env)
+        if self.env == "mcp":
+            if self.mcp is None:
+                raise ConfigError("env: mcp needs an mcp: section naming the server: mcp.command (a stdio server's "
+                                  "argv) or mcp.url (a streamable-HTTP endpoint), e.g. --set 'mcp.command=[python3, "
+                                  "server.py]'.")
+            env = self.mcp.spec()
+        else:
+            env = load_envs(self.env)
         if self.tasks is not None:
             if self.difficulty:
                 raise ConfigError("difficulty sets the env's task generator, which tasks replaces: remove one of "

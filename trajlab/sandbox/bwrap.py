@@ -123,7 +123,7 @@ def _is_child(pid: int, *, of: int) -> bool:
 
 def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
                pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None,
-               confine: bool = False) -> list[str]:
+               confine: bool = False, read_only: tuple[str, ...] = ()) -> list[str]:
     """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
 
     Args:
@@ -138,6 +138,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         confine: the command is the command server (or its ``--exec``), which mounts the private tmp dirs with inode
             caps and then disables user namespaces and drops its capabilities itself: it starts as its user
             namespace's root with the capabilities that needs.
+        read_only: more host paths the command sees read-only at the same path (a program's installation, say).
     """
     info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
     if confine:
@@ -162,6 +163,8 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
             argv += ["--size", str(tmp_bytes), "--perms", f"{TMPFS_MODE:o}", "--tmpfs", target]
         else:
             argv += ["--bind", str(private_tmp), target]
+    for path in read_only:
+        argv += ["--ro-bind", path, path]
     if work is not None:
         argv += ["--bind", str(work), str(work)]
     if server is not None:

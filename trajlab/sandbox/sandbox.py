@@ -56,11 +56,16 @@ class Sandbox:
         reuse_namespaces: under bubblewrap, make the namespaces once and start each command inside them
             (:mod:`trajlab.sandbox.session`); False starts bwrap for each command (for tests and comparisons; also
             what happens where commands would see no Python 3.9+ to run the command server).
+        read_only_paths: host paths (absolute, readable by the sandbox's uid) that commands see read-only at the same
+            path, under bubblewrap: a program's installation outside ``/usr``, say. Elsewhere commands see the host's
+            files anyway.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, base_dir: str | Path | None = None, *,
-                 use_bubblewrap: bool = True, reuse_namespaces: bool = True) -> None:
+                 use_bubblewrap: bool = True, reuse_namespaces: bool = True,
+                 read_only_paths: Sequence[str | Path] = ()) -> None:
         self.limits = limits or SandboxLimits()
+        self._read_only = tuple(str(Path(path).resolve()) for path in read_only_paths)
         self._platform = host_platform(use_bubblewrap)
         protections = self._platform.protections
         self._lock = threading.Lock()
@@ -142,6 +147,18 @@ class Sandbox:
         if self._platform.bwrap is not None:
             result = dataclasses.replace(result, exit_code=exit_code(result.exit_code))
         return result
+
+    def process_argv(self, command: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment that run ``command`` in this sandbox as a long-lived process the caller starts
+        with its own pipes (an MCP server on stdin/stdout), in a new session, with the sandbox directory as its
+        working directory. Under bubblewrap it gets its own bwrap and namespaces, even where :meth:`run` reuses one:
+        killing the process's group (or the host's death) ends everything it started. :meth:`cleanup` after it exits.
+        """
+        if not command:
+            raise ValueError("empty command")
+        with self._lock:
+            self._require_open()
+            return self._launch_argv(list(command), None), scrubbed_environment(self.path)
 
     @property
     def resettable(self) -> bool:
@@ -228,7 +245,7 @@ class Sandbox:
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
-                         confine=self._confine)
+                         confine=self._confine, read_only=self._read_only)
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
 
     def _kill_leftovers(self) -> None:
