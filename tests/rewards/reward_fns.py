@@ -60,3 +60,8 @@ class Threshold:
 
 
 NOT_CALLABLE = 3
+
+
+def first_turn(trajectory: Trajectory, task: dict) -> list[float]:
+    """Turn-level: 1 on the first model turn, 0 on the others."""
+    return [float(t == 0) for t in range(int(trajectory.metrics.get("turns", 0)))]

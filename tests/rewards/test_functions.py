@@ -1,6 +1,7 @@
 """Rewards as named, weighted functions: checked when the config loads, scored a batch at a time (concurrently),
 each logged as ``reward/<name>``, a failing one masking its trajectory, turn-level ones feeding turn credit."""
 
+import asyncio
 import time
 
 import pytest
@@ -128,3 +129,12 @@ def test_turn_level_rewards_feed_turn_credit():
     # returns to go: first [1, 0, 0], last [1, 1, 1] -> turn 0 equal, turns 1 and 2 favour last
     assert by_turn[0] == [0.0, 0.0, 0.0, 0.0, -0.5, 0.0, 0.0, -0.5]
     assert by_turn[1] == [0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.5]
+
+
+def test_scoring_from_inside_a_running_event_loop():
+    """A rollout's on_result callback (prompt evolution scores each episode there) runs inside the engine's loop:
+    the batch is scored in a thread of its own instead of failing to start a second loop."""
+    async def in_a_callback() -> list[float]:
+        return RewardSet({"grade": {"function": f"{FNS}:slow_async"}}).score([trajectory(0)]).totals
+
+    assert asyncio.run(in_a_callback()) == [0.25]

@@ -82,7 +82,7 @@ def test_the_same_trajectory_is_graded_once_and_a_cache_file_outlives_the_judge(
 def test_garbage_is_asked_again_and_still_garbage_is_an_error_of_the_trajectory(scripted_judge):
     answers = iter(["hmm", "SCORE: 0.5"])
     scripted_judge.reply = lambda messages: next(answers)
-    args = {"url": scripted_judge.url, "retries": 2, "retry_backoff_s": 0.0}
+    args = {"url": scripted_judge.url, "max_retries": 2, "backoff_s": 0.0}
     first = episode(0)
     RewardSet({"judge": {"function": JUDGE, "args": args}}).score([first])
     assert first.metrics["reward/judge"] == 0.5 and first.metrics["judge/calls"] == 2
@@ -98,11 +98,11 @@ def test_a_judge_that_is_down_or_too_slow_is_an_infrastructure_error(scripted_ju
         sock.bind(("127.0.0.1", 0))
         down = f"http://127.0.0.1:{sock.getsockname()[1]}/v1#judge"
     batch = [episode(0)]
-    RewardSet({"judge": {"function": JUDGE, "args": {"url": down, "retries": 1, "retry_backoff_s": 0}}}).score(batch)
+    RewardSet({"judge": {"function": JUDGE, "args": {"url": down, "max_retries": 1, "backoff_s": 0}}}).score(batch)
     assert batch[0].status == "error" and "APIConnectionError" in batch[0].error
-    scripted_judge.delay_s = 2.0
+    scripted_judge.delay_s = 1.0
     slow = [episode(1)]
-    args = {"url": scripted_judge.url, "timeout_s": 0.3, "retries": 0}
+    args = {"url": scripted_judge.url, "timeout_s": 0.2, "max_retries": 0}
     RewardSet({"judge": {"function": JUDGE, "args": args}}).score(slow)
     assert slow[0].status == "error" and "APITimeoutError" in slow[0].error
 
@@ -110,13 +110,13 @@ def test_a_judge_that_is_down_or_too_slow_is_an_infrastructure_error(scripted_ju
 def test_at_most_concurrency_requests_are_in_flight(scripted_judge):
     scripted_judge.delay_s = 0.2
     batch = [episode(i, answer=str(i)) for i in range(6)]  # six different contents: six requests
-    RewardSet({"judge": {"function": JUDGE, "args": {"url": scripted_judge.url, "concurrency": 2}}}).score(batch)
+    RewardSet({"judge": {"function": JUDGE, "args": {"url": scripted_judge.url, "max_concurrency": 2}}}).score(batch)
     assert len(scripted_judge.requests) == 6 and scripted_judge.most_in_flight == 2
 
 
 def test_a_direct_call_raises_judge_error(scripted_judge):
     scripted_judge.reply = lambda messages: "no idea"
-    judge = LLMJudge(scripted_judge.url, retries=0)
+    judge = LLMJudge(scripted_judge.url, max_retries=0)
     with pytest.raises(JudgeError, match="gave no score after 1 tries"):
         asyncio.run(judge(episode(0), {}))
 
@@ -124,7 +124,7 @@ def test_a_direct_call_raises_judge_error(scripted_judge):
 def test_against_the_recording_server_on_the_tiny_model(hf_server):  # noqa: F811 - the imported fixture
     """The tiny model answers garbage: every try is made, its tokens counted, and the trajectory masked."""
     batch = [episode(0), episode(1, answer="41")]
-    args = {"url": hf_server.url + "/v1#tiny", "retries": 1, "retry_backoff_s": 0, "max_tokens": 8}
+    args = {"url": hf_server.url + "/v1#tiny", "max_retries": 1, "backoff_s": 0, "max_tokens": 8}
     RewardSet({"env": 1.0, "judge": {"function": JUDGE, "args": args}}).score(batch)
     for trajectory in batch:
         assert trajectory.status == "error" and "gave no score after 2 tries" in trajectory.error

@@ -69,6 +69,8 @@ class TrajlabAdapter:
     def __init__(self, engine: RolloutEngine | RayRolloutRunner, *,
                  weights: Mapping[str, float | RewardFunction] | None, rollout: RolloutSettings) -> None:
         self.rewards = RewardSet(weights) if weights is not None else None
+        self.weights = self.rewards.config() if self.rewards is not None else None
+        """The rewards as plain data (None: the env reward), recorded with the run."""
         self.engine = engine
         self.rollout = rollout
         self.rollouts = 0
@@ -172,7 +174,8 @@ def transcript(trajectory: Trajectory) -> str:
 def feedback(trajectory: Trajectory, value: float) -> str:
     """Score, status, stop reason, every reward component and the error counts, as one short text."""
     metrics = trajectory.metrics
-    components = ", ".join(f"{name} {metrics.get(f'reward/{name}', 0.0):.2f}" for name in REWARDS)
+    names = [*REWARDS, *sorted({k.removeprefix("reward/") for k in metrics if k.startswith("reward/")} - set(REWARDS))]
+    components = ", ".join(f"{name} {metrics.get(f'reward/{name}', 0.0):.2f}" for name in names)
     parts = [f"score {value:.2f} ({trajectory.status}, stopped by {trajectory.stop_reason or 'error'})",
              f"reward components: {components}"]
     kinds = sorted(key.partition("/")[2] for key in metrics if key.startswith("tool_errors/"))

@@ -144,6 +144,10 @@ class RewardSet:
             except Exception as exc:  # noqa: BLE001 - a constructor's bad argument value, named with its reward
                 raise ValueError(f"reward {name!r} ({spec.function}) could not be built: {exc}") from exc
 
+    def config(self) -> dict[str, Any]:
+        """The rewards as plain data (weights and function specs), for a run's record."""
+        return self.weights | {name: spec.model_dump() for name, spec in self.functions.items()}
+
     def score(self, trajectories: Sequence[Trajectory]) -> Scores:
         """:meth:`ascore` from synchronous code (in a thread of its own when an event loop is running here)."""
         return run_sync(lambda: self.ascore(trajectories))

@@ -3,7 +3,7 @@ rubric.
 
 The prompt is the rubric, the task as the env received it, and the conversation rendered as plain text (tool calls
 and results included). The judge must end its answer with a line ``SCORE: <number from 0 to 1>``; the last such
-line is the score, and an answer without one (or out of range) is asked again. After ``retries`` more tries, a
+line is the score, and an answer without one (or out of range) is asked again. After ``max_retries`` more tries, a
 judge that is down, times out or keeps answering garbage raises :class:`JudgeError`, which the reward machinery
 records on the trajectory (status ``error``, masked from advantages): an infrastructure failure, never a crash.
 
@@ -79,27 +79,27 @@ class LLMJudge:
             lists).
         rubric: what a good episode is; the task (as the env received it) and the conversation follow it.
         api_key: bearer key; default ``$OPENAI_API_KEY``, else none.
-        retries: tries after the first, for a failed request and for an answer without a valid score.
+        max_retries: tries after the first, for a failed request and for an answer without a valid score.
         timeout_s: seconds per request.
-        concurrency: requests in flight at once (per event loop).
+        max_concurrency: requests in flight at once (per event loop).
         cache: a JSON-lines file of grades, read at start and appended to; None keeps them in memory only.
         temperature, max_tokens: the judge's sampling.
-        retry_backoff_s: the wait before the n-th retry is ``retry_backoff_s * 2 ** (n - 1)``.
+        backoff_s: the wait before the n-th retry is ``backoff_s * 2 ** (n - 1)``.
     """
 
-    def __init__(self, url: str, rubric: str = DEFAULT_RUBRIC, *, api_key: str | None = None, retries: int = 2,
-                 timeout_s: float = 60.0, concurrency: int = 8, cache: str | Path | None = None,
-                 temperature: float = 0.0, max_tokens: int = 1024, retry_backoff_s: float = 1.0) -> None:
+    def __init__(self, url: str, rubric: str = DEFAULT_RUBRIC, *, api_key: str | None = None, max_retries: int = 2,
+                 timeout_s: float = 60.0, max_concurrency: int = 8, cache: str | Path | None = None,
+                 temperature: float = 0.0, max_tokens: int = 1024, backoff_s: float = 1.0) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"the judge's url is http(s)://host:port/v1[#model], got {url!r}")
-        if retries < 0 or concurrency < 1 or timeout_s <= 0:
-            raise ValueError("the judge needs retries >= 0, concurrency >= 1 and timeout_s > 0")
+        if max_retries < 0 or max_concurrency < 1 or timeout_s <= 0:
+            raise ValueError("the judge needs max_retries >= 0, max_concurrency >= 1 and timeout_s > 0")
         if not rubric.strip():
             raise ValueError("the judge's rubric is empty: say what a good episode is")
         self.base_url, self.model = split_policy_url(url)
-        self.rubric, self.api_key, self.retries, self.timeout_s = rubric, api_key, retries, timeout_s
-        self.concurrency, self.temperature, self.max_tokens = concurrency, temperature, max_tokens
-        self.retry_backoff_s = retry_backoff_s
+        self.rubric, self.api_key, self.max_retries, self.timeout_s = rubric, api_key, max_retries, timeout_s
+        self.max_concurrency, self.temperature, self.max_tokens = max_concurrency, temperature, max_tokens
+        self.backoff_s = backoff_s
         self.cache_path = Path(cache) if cache is not None else None
         self.grades: dict[str, float] = {}
         if self.cache_path is not None and self.cache_path.exists():
@@ -138,9 +138,9 @@ class LLMJudge:
             usage["judge/cache_hits"] = usage.get("judge/cache_hits", 0.0) + 1
             return self.grades[key]
         problem = ""
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.max_retries + 1):
             if attempt:
-                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
             try:
                 async with slots:
                     response = await client.chat.completions.create(
@@ -162,7 +162,7 @@ class LLMJudge:
                 continue
             self._remember(key, value)
             return value
-        raise JudgeError(f"the judge at {self.base_url} gave no score after {self.retries + 1} tries: {problem}")
+        raise JudgeError(f"the judge at {self.base_url} gave no score after {self.max_retries + 1} tries: {problem}")
 
     def _remember(self, key: str, value: Any) -> None:
         self.grades[key] = value
@@ -180,7 +180,7 @@ class LLMJudge:
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop, self._slots = loop, asyncio.Semaphore(self.concurrency)
+            self._loop, self._slots = loop, asyncio.Semaphore(self.max_concurrency)
             self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key_or_placeholder(self.api_key),
                                               timeout=self.timeout_s, max_retries=0)
         assert self._client is not None and self._slots is not None
