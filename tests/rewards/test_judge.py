@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from tests.proxy.conftest import hf_server  # noqa: F401 - the fixture: the tiny model as `trajlab serve` wires it
-from trajlab.rewards import JudgeError, LLMJudge, RewardSet, parse_score, render_conversation
+from trajlab.rewards import JudgeError, LLMJudge, RewardSet, parse_attempt_scores, parse_score, render_conversation
 from trajlab.rollout.types import Trajectory
 
 JUDGE = "trajlab.rewards.judge:LLMJudge"
@@ -132,3 +132,46 @@ def test_against_the_recording_server_on_the_tiny_model(hf_server):  # noqa: F81
         assert 0 < trajectory.metrics["judge/completion_tokens"] <= 16
     with pytest.raises(ValueError, match="the judge's url is http"):
         LLMJudge("localhost:8000/v1")
+
+
+RELATIVE = "trajlab.rewards.judge:RelativeJudge"
+
+
+def ranks_by_answer(messages: list[dict]) -> str:
+    """Scores each attempt of the prompt: 1 for the right answer, 0.2 for a wrong one."""
+    attempts = messages[-1]["content"].split("## Attempt ")[1:]
+    return "Compared.\n" + "\n".join(f"ATTEMPT {n}: {1 if 'The answer is 42.' in a else 0.2}"
+                                     for n, a in enumerate(attempts, 1))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("ATTEMPT 1: 0.5", r"no 'ATTEMPT <n>: <0..1>' line for attempt\(s\) \[2\]"),
+    ("ATTEMPT 1: 0.5\nATTEMPT 2: 1\nATTEMPT 3: 0", r"attempt\(s\) \[3\], but there are 2"),
+    ("Attempt 1: 2\nAttempt 2: 0", "outside 0..1"),
+])
+def test_a_relative_answer_scores_every_attempt_or_is_refused(text, message):
+    assert parse_attempt_scores("**Attempt 2:** 0.1\nATTEMPT #1 = 0.9", 2) == [0.9, 0.1]
+    with pytest.raises(ValueError, match=message):
+        parse_attempt_scores(text, 2)
+
+
+def test_the_relative_judge_ranks_each_group_in_one_call(scripted_judge):
+    scripted_judge.reply = ranks_by_answer
+    batch = [episode(0), episode(1, answer="41"), episode(2, answer="41"), episode(3)]
+    for trajectory, group in zip(batch, ["a", "a", "b", "b"], strict=True):
+        trajectory.group = group
+    RewardSet({"rank": {"function": RELATIVE, "args": {"url": scripted_judge.url}}}).score(batch)
+    assert [t.metrics["reward/rank"] for t in batch] == [1.0, 0.2, 0.2, 1.0]
+    assert len(scripted_judge.requests) == 2, "one request per group"
+    prompt = scripted_judge.requests[0]["messages"][-1]["content"]
+    assert "## Attempt 1\n" in prompt and "## Attempt 2\n" in prompt and "## Attempt 3" not in prompt
+    assert [t.metrics["judge/prompt_tokens"] for t in batch] == [50.0] * 4, "a group's usage shared out"
+
+
+def test_a_relative_answer_missing_an_attempt_fails_its_group(scripted_judge):
+    scripted_judge.reply = lambda messages: "ATTEMPT 1: 1"
+    batch = [episode(0), episode(1, answer="41")]
+    args = {"url": scripted_judge.url, "max_retries": 1, "backoff_s": 0}
+    RewardSet({"rank": {"function": RELATIVE, "args": args}}).score(batch)
+    assert [t.status for t in batch] == ["error", "error"] and "for attempt(s) [2]" in batch[1].error
+    assert sum(t.metrics["judge/calls"] for t in batch) == 2.0

@@ -153,8 +153,9 @@ class RewardSet:
         return run_sync(lambda: self.ascore(trajectories))
 
     async def ascore(self, trajectories: Sequence[Trajectory]) -> Scores:
-        """Score every trajectory: the built-ins, then every function's calls for the batch at once. Logs each value
-        as ``metrics['reward/<name>']``; a failing call marks its trajectory ``error`` (first failure's reason)."""
+        """Score every trajectory: the built-ins, then every function's calls for the batch at once (a group
+        function, one with ``score_group``, once per group of rollouts). Logs each value as
+        ``metrics['reward/<name>']``; a failing call marks its trajectories ``error`` (first failure's reason)."""
         totals, turns = [], []
         for trajectory in trajectories:
             total = 0.0
@@ -164,35 +165,54 @@ class RewardSet:
             totals.append(total)
             dense = self.weights.get("progress", 0.0)
             turns.append([dense * r for r in trajectory.turn_rewards or []])
-        calls = [(i, name) for i, t in enumerate(trajectories) if t.status != "error" for name in self.functions]
-        values = await asyncio.gather(*(self._call(name, trajectories[i]) for i, name in calls))
-        for (i, name), value in zip(calls, values, strict=True):
-            trajectory = trajectories[i]
-            if isinstance(value, str):
-                if trajectory.status != "error":
-                    trajectory.status, trajectory.error = "error", value
-                continue
+        valid = [i for i, t in enumerate(trajectories) if t.status != "error"]
+        calls = [(members, name) for name, fn in self._built.items()
+                 for members in (_groups(valid, trajectories) if hasattr(fn, "score_group") else [[i] for i in valid])]
+        results = await asyncio.gather(*(self._call(name, [trajectories[i] for i in members])
+                                         for members, name in calls))
+        for (members, name), result in zip(calls, results, strict=True):
             weight = self.functions[name].weight
-            if isinstance(value, list):
-                turns[i] = [a + weight * b for a, b in zip(_padded(turns[i], len(value)), value, strict=True)]
-                value = sum(value)
-            trajectory.metrics[f"reward/{name}"] = value
-            totals[i] += weight * value
+            for i, value in zip(members, result if isinstance(result, list) else [result] * len(members), strict=True):
+                trajectory = trajectories[i]
+                if isinstance(value, str):
+                    if trajectory.status != "error":
+                        trajectory.status, trajectory.error = "error", value
+                    continue
+                if isinstance(value, list):
+                    turns[i] = [a + weight * b for a, b in zip(_padded(turns[i], len(value)), value, strict=True)]
+                    value = sum(value)
+                trajectory.metrics[f"reward/{name}"] = value
+                totals[i] += weight * value
         return Scores(totals, turns)
 
-    async def _call(self, name: str, trajectory: Trajectory) -> float | list[float] | str:
-        """One function on one trajectory: its value, or (a str) why it failed."""
+    async def _call(self, name: str, group: list[Trajectory]) -> list[float | list[float]] | str:
+        """One function on one trajectory (or, for a group function, on one group): the values, or (a str) why it
+        failed."""
         fn, spec = self._built[name], self.functions[name]
         try:
+            if hasattr(fn, "score_group"):
+                values = await fn.score_group(group, [t.task for t in group])
+                if len(values) != len(group):
+                    raise ValueError(f"score_group gave {len(values)} values for {len(group)} trajectories")
+                return [_number(value) for value in values]
+            trajectory = group[0]
             if _is_async(fn):
                 value = await fn(trajectory, trajectory.task)
             else:
                 value = await asyncio.to_thread(fn, trajectory, trajectory.task)
                 if inspect.isawaitable(value):  # a sync callable handing back a coroutine
                     value = await value
-            return _valid(value, spec.level, int(trajectory.metrics.get("turns", 0)))
+            return [_valid(value, spec.level, int(trajectory.metrics.get("turns", 0)))]
         except Exception as exc:  # noqa: BLE001 - any failure of a reward function is recorded, the run goes on
             return f"reward {name!r} ({spec.function}) failed: {type(exc).__name__}: {exc}"
+
+
+def _groups(indices: list[int], trajectories: Sequence[Trajectory]) -> list[list[int]]:
+    """The indices by the trajectories' ``group`` (rollouts of one task), in order; ungrouped ones form one group."""
+    groups: dict[str | None, list[int]] = {}
+    for i in indices:
+        groups.setdefault(trajectories[i].group, []).append(i)
+    return list(groups.values())
 
 
 def _valid(value: Any, level: str, turns: int) -> float | list[float]:

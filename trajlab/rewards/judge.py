@@ -11,6 +11,9 @@ Each trajectory's judge usage lands in its metrics (``judge/prompt_tokens``, ``j
 ``judge/calls``, ``judge/cache_hits``), which RL sums per step. Grades are cached by the content they were asked
 about (model, rubric, prompt): in memory for the judge's life, and in a JSON-lines file when ``cache`` names one,
 so a resumed run or a re-run of the same trajectory does not pay twice.
+
+:class:`RelativeJudge` (as RULER does) asks once per group of rollouts of one task, showing every attempt side by
+side, and reads one ``ATTEMPT n: x`` line per attempt.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ DEFAULT_RUBRIC = ("Did the assistant accomplish the user's task correctly, using
                   "correct, complete result; 0 for a wrong or missing one; in between for partial progress.")
 INSTRUCTIONS = ("You grade an AI assistant's episode against a rubric. Read the task and the conversation, reason "
                 "briefly, then end your answer with exactly one line of the form\nSCORE: <number from 0 to 1>")
+RELATIVE_INSTRUCTIONS = ("You compare several attempts at the same task against a rubric. Read the task and every "
+                         "attempt, reason briefly about how they compare, then score each from 0 to 1 relative to "
+                         "the others (a better attempt scores higher). End your answer with one line per attempt, "
+                         "in order, of the form\nATTEMPT <n>: <number from 0 to 1>")
+ATTEMPT_LINE = re.compile(r"^\W*attempt\s*#?(\d+)\W*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)?)\s*\**\s*$",
+                          re.IGNORECASE | re.MULTILINE)
 SCORE_LINE = re.compile(r"^\W*score\W*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)?)\s*\**\s*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -51,6 +60,24 @@ def parse_score(text: str) -> float:
     if not 0.0 <= score <= 1.0:
         raise ValueError(f"the judge's score {score} is outside 0..1")
     return score
+
+
+def parse_attempt_scores(text: str, attempts: int) -> list[float]:
+    """The scores of a relative judge's answer: ``ATTEMPT n: x`` for every n in 1..attempts (the last line of each
+    n counts), 0 <= x <= 1.
+
+    Raises:
+        ValueError: an attempt has no score, a number is out of range, or an attempt that does not exist is scored.
+    """
+    found = {int(n): float(x) for n, x in ATTEMPT_LINE.findall(text or "")}
+    if missing := sorted(set(range(1, attempts + 1)) - set(found)):
+        raise ValueError(f"the judge's answer has no 'ATTEMPT <n>: <0..1>' line for attempt(s) {missing}: "
+                         f"{_clip(text)!r}")
+    if extra := sorted(set(found) - set(range(1, attempts + 1))):
+        raise ValueError(f"the judge scored attempt(s) {extra}, but there are {attempts}")
+    if bad := [x for x in found.values() if not 0.0 <= x <= 1.0]:
+        raise ValueError(f"the judge's score(s) {bad} are outside 0..1")
+    return [found[n] for n in range(1, attempts + 1)]
 
 
 def render_conversation(trajectory: Trajectory, max_chars: int = 2000) -> str:
@@ -193,6 +220,35 @@ class LLMJudge:
                 raise JudgeError(f"the judge at {self.base_url} lists no model; name one as url#model")
             self.model = models[0]
         return self._client, self._slots
+
+
+class RelativeJudge(LLMJudge):
+    """Ranks a group's rollouts of one task in one call, as RULER does: the judge sees every attempt side by side and
+    scores each relative to the others, which needs no absolute scale in the rubric. Arguments as
+    :class:`LLMJudge`; its answer ends with ``ATTEMPT n: <0..1>`` per attempt. A group's usage is shared out evenly
+    over its trajectories' metrics; an answer missing an attempt is asked again, then fails the whole group."""
+
+    async def __call__(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
+        """One trajectory alone: a group of one."""
+        return (await self.score_group([trajectory], [task]))[0]
+
+    async def score_group(self, trajectories: list[Trajectory], tasks: list[dict[str, Any]]) -> list[float]:
+        """Every trajectory's score, from one request for the group (the task is the first's: they share it)."""
+        usage: dict[str, float] = {}
+        try:
+            return await self.grade(self.group_prompt(trajectories, tasks[0]), usage,
+                                    lambda text: parse_attempt_scores(text, len(trajectories)))
+        finally:
+            for trajectory in trajectories:
+                for key in ("judge/prompt_tokens", "judge/completion_tokens", "judge/calls", "judge/cache_hits"):
+                    trajectory.metrics[key] = trajectory.metrics.get(key, 0.0) + usage.get(key, 0.0) / len(trajectories)
+
+    def group_prompt(self, trajectories: list[Trajectory], task: dict[str, Any]) -> list[dict[str, str]]:
+        """The chat messages asking for the group's scores."""
+        attempts = "\n\n".join(f"## Attempt {n}\n{render_conversation(t)}" for n, t in enumerate(trajectories, 1))
+        body = (f"# Rubric\n{self.rubric}\n\n# Task (as the environment received it)\n"
+                f"{json.dumps(task, ensure_ascii=False, default=str)}\n\n# Attempts\n{attempts}")
+        return [{"role": "system", "content": RELATIVE_INSTRUCTIONS}, {"role": "user", "content": body}]
 
 
 def _text(content: Any) -> str:
