@@ -308,6 +308,9 @@ class EvalSettings(Section):
     """Task split to evaluate on."""
     seed: int = 0
     """Task order seed: fixed by default so runs with different training seeds are scored on the same tasks."""
+    rewards: RewardWeights | None = None
+    """Named rewards each episode is scored by, logged as ``reward/<name>``, as ``rl.rewards`` (None: in a run's
+    eval stages ``rl.rewards``, in ``trajlab eval`` the env reward alone)."""
 
     @model_validator(mode="after")
     def _ks_within_samples(self) -> EvalSettings:

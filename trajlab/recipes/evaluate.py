@@ -44,7 +44,7 @@ def evaluate(
         out: a run directory for ``trajectories.jsonl`` and ``eval.json`` (resumed if it exists); None: nothing
             is written.
         tasks: task dicts to evaluate on instead of the env's split (all of them unless ``num_tasks`` is given).
-        rewards: named rewards to report (``reward/<name>``), as ``rl.rewards``: built-in weights or reward
+        rewards: named rewards to report (``reward/<name>``), as ``eval.rewards``: built-in weights or reward
             functions (a failing function marks its episode error); None: the env reward only.
         label: the run's name in tables (default: the policy's).
         report_to: experiment trackers that also get the results, as ``eval/...`` (:mod:`trajlab.tracking`; the
