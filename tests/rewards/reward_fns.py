@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 from trajlab.rollout.types import Trajectory
@@ -65,3 +66,10 @@ NOT_CALLABLE = 3
 def first_turn(trajectory: Trajectory, task: dict) -> list[float]:
     """Turn-level: 1 on the first model turn, 0 on the others."""
     return [float(t == 0) for t in range(int(trajectory.metrics.get("turns", 0)))]
+
+
+def counted(trajectory: Trajectory, task: dict) -> float:
+    """Appends the trajectory's id to the file ``$REWARD_CALLS`` (one line per call, from any process)."""
+    with open(os.environ["REWARD_CALLS"], "a") as calls:
+        calls.write(trajectory.id + "\n")
+    return 1.0

@@ -117,8 +117,15 @@ def test_at_most_concurrency_requests_are_in_flight(scripted_judge):
 def test_a_direct_call_raises_judge_error(scripted_judge):
     scripted_judge.reply = lambda messages: "no idea"
     judge = LLMJudge(scripted_judge.url, max_retries=0)
+
+    async def grade_once() -> float:
+        try:
+            return await judge(episode(0), {})
+        finally:
+            await judge.aclose()
+
     with pytest.raises(JudgeError, match="gave no score after 1 tries"):
-        asyncio.run(judge(episode(0), {}))
+        asyncio.run(grade_once())
 
 
 def test_against_the_recording_server_on_the_tiny_model(hf_server):  # noqa: F811 - the imported fixture

@@ -168,8 +168,11 @@ class RewardSet:
         valid = [i for i, t in enumerate(trajectories) if t.status != "error"]
         calls = [(members, name) for name, fn in self._built.items()
                  for members in (_groups(valid, trajectories) if hasattr(fn, "score_group") else [[i] for i in valid])]
-        results = await asyncio.gather(*(self._call(name, [trajectories[i] for i in members])
-                                         for members, name in calls))
+        try:
+            results = await asyncio.gather(*(self._call(name, [trajectories[i] for i in members])
+                                             for members, name in calls))
+        finally:  # a function's connections belong to this loop, which ends with the batch when run() made it
+            await asyncio.gather(*(fn.aclose() for fn in self._built.values() if hasattr(fn, "aclose")))
         for (members, name), result in zip(calls, results, strict=True):
             weight = self.functions[name].weight
             for i, value in zip(members, result if isinstance(result, list) else [result] * len(members), strict=True):

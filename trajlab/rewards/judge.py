@@ -191,6 +191,12 @@ class LLMJudge:
             return value
         raise JudgeError(f"the judge at {self.base_url} gave no score after {self.max_retries + 1} tries: {problem}")
 
+    async def aclose(self) -> None:
+        """Close this loop's connections (the next call opens new ones); the cache stays."""
+        if self._client is not None:
+            await self._client.close()
+        self._loop = self._client = self._slots = None
+
     def _remember(self, key: str, value: Any) -> None:
         self.grades[key] = value
         if self.cache_path is not None:
