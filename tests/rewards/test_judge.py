@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from tests.proxy.conftest import hf_server  # noqa: F401 - the fixture: the tiny model as `trajlab serve` wires it
+from trajlab.errors import UserError
 from trajlab.rewards import JudgeError, LLMJudge, RewardSet, parse_attempt_scores, parse_score, render_conversation
 from trajlab.rollout.types import Trajectory
 
@@ -137,8 +138,6 @@ def test_against_the_recording_server_on_the_tiny_model(hf_server):  # noqa: F81
         assert trajectory.status == "error" and "gave no score after 2 tries" in trajectory.error
         assert trajectory.metrics["judge/calls"] == 2 and trajectory.metrics["judge/prompt_tokens"] > 100
         assert 0 < trajectory.metrics["judge/completion_tokens"] <= 16
-    with pytest.raises(ValueError, match="the judge's url is http"):
-        LLMJudge("localhost:8000/v1")
 
 
 RELATIVE = "trajlab.rewards.judge:RelativeJudge"
@@ -182,3 +181,9 @@ def test_a_relative_answer_missing_an_attempt_fails_its_group(scripted_judge):
     RewardSet({"rank": {"function": RELATIVE, "args": args}}).score(batch)
     assert [t.status for t in batch] == ["error", "error"] and "for attempt(s) [2]" in batch[1].error
     assert sum(t.metrics["judge/calls"] for t in batch) == 2.0
+
+
+def test_a_judge_that_cannot_be_built_is_a_user_error_naming_the_reward():
+    with pytest.raises(UserError, match=r"reward 'judge' \(trajlab.rewards.judge:LLMJudge\) could not be built with "
+                                        r"args \{'url': 'localhost:8000/v1'\}: the judge's url is http"):
+        RewardSet({"judge": {"function": JUDGE, "args": {"url": "localhost:8000/v1"}}})

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, model_validator
 
+from trajlab.errors import UserError
 from trajlab.rollout.rewards import REWARDS, check_weights
 from trajlab.rollout.types import Trajectory
 
@@ -130,7 +131,7 @@ class RewardSet:
 
     Raises:
         pydantic.ValidationError: ``rewards`` is not a valid rewards config.
-        ValueError: a reward class could not be built with its ``args``.
+        UserError: a reward class could not be built with its ``args``.
     """
 
     def __init__(self, rewards: Mapping[str, float | RewardFunction | dict[str, Any]]) -> None:
@@ -142,7 +143,8 @@ class RewardSet:
             try:
                 self._built[name] = spec.build()
             except Exception as exc:  # noqa: BLE001 - a constructor's bad argument value, named with its reward
-                raise ValueError(f"reward {name!r} ({spec.function}) could not be built: {exc}") from exc
+                raise UserError(f"reward {name!r} ({spec.function}) could not be built with args {spec.args}: "
+                                f"{exc}") from exc
 
     def config(self) -> dict[str, Any]:
         """The rewards as plain data (weights and function specs), for a run's record."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import openai
 
+from trajlab.errors import InfrastructureError
 from trajlab.inference.openai_client import api_key_or_placeholder, split_policy_url
 from trajlab.rollout.types import Trajectory
 
@@ -43,8 +44,9 @@ ATTEMPT_LINE = re.compile(r"^\W*attempt\s*#?(\d+)\W*[:=]\s*\**\s*([-+]?\d+(?:\.\
 SCORE_LINE = re.compile(r"^\W*score\W*[:=]\s*\**\s*([-+]?\d+(?:\.\d+)?)\s*\**\s*$", re.IGNORECASE | re.MULTILINE)
 
 
-class JudgeError(RuntimeError):
-    """The judge gave no score: unreachable, timed out, refused, or answered without a valid score line."""
+class JudgeError(InfrastructureError):
+    """The judge gave no score: unreachable, timed out, refused, or answered without a valid score line. The
+    machinery's failure, not the policy's: its trajectory ends in ``error`` and is not trained on."""
 
 
 def parse_score(text: str) -> float:
