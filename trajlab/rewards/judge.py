@@ -22,8 +22,9 @@ import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import openai
 
@@ -31,6 +32,7 @@ from trajlab.errors import InfrastructureError
 from trajlab.inference.openai_client import api_key_or_placeholder, split_policy_url
 from trajlab.rollout.types import Trajectory
 
+T = TypeVar("T")
 DEFAULT_RUBRIC = ("Did the assistant accomplish the user's task correctly, using its tools sensibly? 1 for a "
                   "correct, complete result; 0 for a wrong or missing one; in between for partial progress.")
 INSTRUCTIONS = ("You grade an AI assistant's episode against a rubric. Read the task and the conversation, reason "
@@ -130,7 +132,8 @@ class LLMJudge:
         self.max_concurrency, self.temperature, self.max_tokens = max_concurrency, temperature, max_tokens
         self.backoff_s = backoff_s
         self.cache_path = Path(cache) if cache is not None else None
-        self.grades: dict[str, float] = {}
+        self.grades: dict[str, Any] = {}
+        """Parsed answers by the hash of what was asked (a score, or a relative judge's list of scores)."""
         if self.cache_path is not None and self.cache_path.exists():
             for line in self.cache_path.read_text().splitlines():
                 if line.strip():
@@ -155,7 +158,7 @@ class LLMJudge:
                 f"{render_conversation(trajectory)}")
         return [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": body}]
 
-    async def grade(self, messages: list[dict[str, str]], usage: dict[str, float], parse: Any) -> Any:
+    async def grade(self, messages: list[dict[str, str]], usage: dict[str, float], parse: Callable[[str], T]) -> T:
         """Ask the judge (or the cache) and parse its answer with ``parse``; tries again on any failure.
 
         Raises:
