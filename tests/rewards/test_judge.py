@@ -187,3 +187,17 @@ def test_a_judge_that_cannot_be_built_is_a_user_error_naming_the_reward():
     with pytest.raises(UserError, match=r"reward 'judge' \(trajlab.rewards.judge:LLMJudge\) could not be built with "
                                         r"args \{'url': 'localhost:8000/v1'\}: the judge's url is http"):
         RewardSet({"judge": {"function": JUDGE, "args": {"url": "localhost:8000/v1"}}})
+
+
+def test_twins_in_one_batch_are_graded_once(scripted_judge):
+    """Greedy rollouts of one task are often the same conversation: asked once, the twin waits for that answer."""
+    scripted_judge.delay_s = 0.2
+    batch = [episode(0), episode(0), episode(0)]
+    RewardSet({"judge": {"function": JUDGE, "args": {"url": scripted_judge.url}}}).score(batch)
+    assert len(scripted_judge.requests) == 1 and [t.metrics["reward/judge"] for t in batch] == [1.0] * 3
+    assert sorted(t.metrics["judge/cache_hits"] for t in batch) == [0.0, 1.0, 1.0]
+    scripted_judge.reply = lambda messages: "no score"
+    failed = [episode(1), episode(1)]
+    RewardSet({"judge": {"function": JUDGE, "args": {"url": scripted_judge.url, "max_retries": 0}}}).score(failed)
+    assert [t.status for t in failed] == ["error", "error"] and len(scripted_judge.requests) == 2
+    assert "gave no score after 1 tries" in failed[1].error

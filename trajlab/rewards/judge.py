@@ -142,6 +142,7 @@ class LLMJudge:
         self._loop: Any = None
         self._client: openai.AsyncOpenAI | None = None
         self._slots: asyncio.Semaphore | None = None
+        self._asking: dict[str, asyncio.Future] = {}  # this loop's questions in flight, by key
 
     async def __call__(self, trajectory: Trajectory, task: dict[str, Any]) -> float:
         """The trajectory's score, from the cache or the judge; its usage added to the trajectory's metrics."""
@@ -166,9 +167,32 @@ class LLMJudge:
         """
         client, slots = await self._connection()
         key = hashlib.sha256(json.dumps([self.model, messages], sort_keys=True).encode()).hexdigest()
-        if key in self.grades:
+        if key in self.grades or key in self._asking:  # graded before, or being graded for a twin in this batch
             usage["judge/cache_hits"] = usage.get("judge/cache_hits", 0.0) + 1
-            return self.grades[key]
+            return self.grades[key] if key in self.grades else await asyncio.shield(self._asking[key])
+        self._asking[key] = asking = asyncio.get_running_loop().create_future()
+        try:
+            value = await self._ask(client, slots, messages, usage, parse)
+        except JudgeError as exc:
+            asking.set_exception(exc)
+            asking.exception()  # retrieved: a twin waiting on it gets it, and none waiting is no warning
+            raise
+        except BaseException:
+            asking.cancel()
+            raise
+        finally:
+            del self._asking[key]
+        asking.set_result(value)
+        self._remember(key, value)
+        return value
+
+    async def _ask(self, client: openai.AsyncOpenAI, slots: asyncio.Semaphore, messages: list[dict[str, str]],
+                   usage: dict[str, float], parse: Callable[[str], T]) -> T:
+        """The tries of one question: the first valid parsed answer.
+
+        Raises:
+            JudgeError: none after the retries.
+        """
         problem = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -192,7 +216,6 @@ class LLMJudge:
             except (ValueError, IndexError) as exc:
                 problem = str(exc)
                 continue
-            self._remember(key, value)
             return value
         raise JudgeError(f"the judge at {self.base_url} gave no score after {self.max_retries + 1} tries: {problem}")
 
@@ -201,6 +224,7 @@ class LLMJudge:
         if self._client is not None:
             await self._client.close()
         self._loop = self._client = self._slots = None
+        self._asking = {}
 
     def _remember(self, key: str, value: Any) -> None:
         self.grades[key] = value
@@ -218,7 +242,7 @@ class LLMJudge:
         """
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop, self._slots = loop, asyncio.Semaphore(self.max_concurrency)
+            self._loop, self._slots, self._asking = loop, asyncio.Semaphore(self.max_concurrency), {}
             self._client = openai.AsyncOpenAI(base_url=self.base_url, api_key=api_key_or_placeholder(self.api_key),
                                               timeout=self.timeout_s, max_retries=0)
         assert self._client is not None and self._slots is not None
