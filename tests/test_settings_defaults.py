@@ -16,6 +16,8 @@ PACKAGE = Path(trajlab.__file__).resolve().parent
 EXCEPTIONS: dict[str, str] = {
     "trajlab/inference/base.py:SamplingParams.temperature": "a generation request's temperature 1 is no warping at "
     "all (the model's own distribution), not a stage's setting: every stage passes its own temperature",
+    "trajlab/rewards/judge.py:__init__(temperature)": "the LLM judge's own sampling, not a stage's: 0 grades the "
+    "same conversation the same way, which its cache assumes",
 }
 """``path:function(parameter)`` or ``path:Class.field`` allowed to keep a literal default, each with its reason."""
 

@@ -4,6 +4,8 @@ problem said in one line, an unknown key with the closest valid one."""
 from __future__ import annotations
 
 import difflib
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,6 +152,14 @@ def describe_errors(error: ValidationError, root: type[BaseModel] = PipelineConf
     return "; ".join(_describe(item, root) for item in error.errors())
 
 
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The models an annotation holds, however deep (``list[X]``, ``dict[str, float | X]``, ``Annotated[...]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
 def _describe(error: Any, root: type[BaseModel]) -> str:
     where = ".".join(str(part) for part in error["loc"])
     if error["type"] != "extra_forbidden":
@@ -157,11 +167,9 @@ def _describe(error: Any, root: type[BaseModel]) -> str:
         return f"{where}: {message}"
     section: type[BaseModel] = root
     for part in error["loc"][:-1]:
-        if isinstance(part, int):  # a list's item: its model is the list's, found at the list's name
+        if str(part) not in section.model_fields:  # a list's index, a dict's key: the model is the field's
             continue
-        annotation = section.model_fields[str(part)].annotation
-        section = next((a for a in getattr(annotation, "__args__", (annotation,)) if isinstance(a, type)
-                        and issubclass(a, BaseModel)), section)
+        section = next(_models_in(section.model_fields[str(part)].annotation), section)
     close = difflib.get_close_matches(str(error["loc"][-1]), list(section.model_fields), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"{where}: unknown key{hint} (valid keys here: {', '.join(section.model_fields)})"

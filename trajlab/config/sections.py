@@ -15,20 +15,16 @@ from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
 from trajlab.inference.base import DEFAULT_BATCHING, Batching
 from trajlab.models.devices import AUTO
-from trajlab.rollout.rewards import check_weights
+from trajlab.rewards import RewardConfig
 
 
 class ConfigError(UserError):
     """A config file that does not validate; the message names each bad key."""
 
 
-def _known_weights(weights: dict[str, float]) -> dict[str, float]:
-    check_weights(weights)
-    return weights
-
-
-RewardWeights = Annotated[dict[str, float], AfterValidator(_known_weights)]
-"""Weights of named reward components; an unknown name is an error listing the known ones."""
+RewardWeights = RewardConfig
+"""Named rewards: a weight for a built-in component, or a reward function by import path (``{function: ...,
+weight: ..., args: ..., level: ...}``, :class:`trajlab.rewards.RewardFunction`); unknown names are errors."""
 
 
 class Section(BaseModel):
@@ -255,7 +251,10 @@ class RLSettings(TrainingSettings):
     credit: Literal["trajectory", "turn"] = "trajectory"
     """trajectory: one advantage for all tokens of a rollout; turn: per-turn rewards credited to that turn's tokens."""
     rewards: RewardWeights = Field(default_factory=lambda: {"env": 1.0})
-    """Weights of named reward components; weight 0 logs a component without training on it."""
+    """Named rewards, each logged as ``reward/<name>``: a weight for a built-in component (env, progress, format,
+    tool_success), or a function by import path ``{function: "my_pkg.rewards:brevity", weight: 0.2, args: {...},
+    level: trajectory|turn}`` (an LLM judge: ``trajlab.rewards.judge:LLMJudge``). Weight 0 logs without training
+    on it; a function that fails marks its trajectory error (not trained on)."""
     learning_rate: float = Field(1e-4, gt=0)
     """Learning rate."""
     temperature: float = Field(1.0, gt=0)
@@ -309,6 +308,9 @@ class EvalSettings(Section):
     """Task split to evaluate on."""
     seed: int = 0
     """Task order seed: fixed by default so runs with different training seeds are scored on the same tasks."""
+    rewards: RewardWeights | None = None
+    """Named rewards each episode is scored by, logged as ``reward/<name>``, as ``rl.rewards`` (None: in a run's
+    eval stages ``rl.rewards``, in ``trajlab eval`` the env reward alone)."""
 
     @model_validator(mode="after")
     def _ks_within_samples(self) -> EvalSettings:
@@ -340,7 +342,7 @@ class EvolveSettings(Section):
     use_merge: bool = False
     """Also propose candidates by merging two Pareto-front candidates (GEPA's merge proposer)."""
     rewards: RewardWeights | None = None
-    """Weights of named reward components scoring each episode (None: the env reward)."""
+    """Named rewards scoring each episode, as ``rl.rewards`` (None: the env reward)."""
     temperature: float = Field(0.0, ge=0)
     """The policy's sampling temperature; at 0 a candidate's score on a task is reproducible."""
     reflection_max_new_tokens: int = Field(1024, ge=1)

@@ -24,8 +24,9 @@ from trajlab.collection.workers import RayRolloutRunner
 from trajlab.config import RolloutSettings
 from trajlab.data.store import TrajectoryStore, read_trajectories
 from trajlab.env.prompts import SYSTEM_PROMPT, tool_descriptions
+from trajlab.rewards import RewardFunction, RewardSet
 from trajlab.rollout.engine import RolloutEngine
-from trajlab.rollout.rewards import REWARDS, check_weights, weighted_reward
+from trajlab.rollout.rewards import REWARDS
 from trajlab.rollout.runner import Episode
 from trajlab.rollout.types import Trajectory, task_id
 
@@ -53,8 +54,8 @@ class TrajlabAdapter:
             sets its system prompt, and its tool descriptions give an engine of their own
             (:meth:`RolloutEngine.with_tool_descriptions`; rollout workers, a :class:`RayRolloutRunner`, switch to
             each candidate's texts instead).
-        weights: reward weights for :func:`trajlab.rollout.rewards.weighted_reward`; None scores by the env reward
-            alone.
+        weights: named rewards as ``rl.rewards`` (:class:`trajlab.rewards.RewardSet`; a failing reward function
+            scores its episode 0); None scores by the env reward alone.
         rollout: the episodes run at once (``concurrency``) and the retries of an episode the machinery broke
             (status error; one that still fails scores 0: GEPA needs a score for every task).
     """
@@ -65,12 +66,12 @@ class TrajlabAdapter:
     GEPA checks this attribute; an adapter that wants to write prompts itself sets a ``ProposalFn`` here.
     """
 
-    def __init__(self, engine: RolloutEngine | RayRolloutRunner, *, weights: Mapping[str, float] | None,
-                 rollout: RolloutSettings) -> None:
-        if weights is not None:
-            check_weights(weights)
+    def __init__(self, engine: RolloutEngine | RayRolloutRunner, *,
+                 weights: Mapping[str, float | RewardFunction] | None, rollout: RolloutSettings) -> None:
+        self.rewards = RewardSet(weights) if weights is not None else None
+        self.weights = self.rewards.config() if self.rewards is not None else None
+        """The rewards as plain data (None: the env reward), recorded with the run."""
         self.engine = engine
-        self.weights = dict(weights) if weights is not None else None
         self.rollout = rollout
         self.rollouts = 0
         """Episodes this adapter ran (not served from earlier results)."""
@@ -130,9 +131,8 @@ class TrajlabAdapter:
         """The episode's score: 0 for an episode that errored, else the env reward (or the weighted reward)."""
         components = {name: fn(trajectory) for name, fn in REWARDS.items()}
         trajectory.metrics.update({f"reward/{name}": value for name, value in components.items()})
-        if trajectory.status == "error":
-            return 0.0
-        return weighted_reward(trajectory, self.weights) if self.weights is not None else trajectory.reward
+        total = self.rewards.score([trajectory]).totals[0] if self.rewards is not None else trajectory.reward
+        return 0.0 if trajectory.status == "error" else total
 
     def make_reflective_dataset(
         self, candidate: dict[str, str], eval_batch: EvaluationBatch, components_to_update: list[str]
@@ -174,7 +174,8 @@ def transcript(trajectory: Trajectory) -> str:
 def feedback(trajectory: Trajectory, value: float) -> str:
     """Score, status, stop reason, every reward component and the error counts, as one short text."""
     metrics = trajectory.metrics
-    components = ", ".join(f"{name} {metrics.get(f'reward/{name}', 0.0):.2f}" for name in REWARDS)
+    names = [*REWARDS, *sorted({k.removeprefix("reward/") for k in metrics if k.startswith("reward/")} - set(REWARDS))]
+    components = ", ".join(f"{name} {metrics.get(f'reward/{name}', 0.0):.2f}" for name in names)
     parts = [f"score {value:.2f} ({trajectory.status}, stopped by {trajectory.stop_reason or 'error'})",
              f"reward components: {components}"]
     kinds = sorted(key.partition("/")[2] for key in metrics if key.startswith("tool_errors/"))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.collection.plan import TaskRows
-from trajlab.config import EvalSettings, RolloutSettings, VLLMSettings
+from trajlab.config import EvalSettings, RLSettings, RolloutSettings, VLLMSettings
 from trajlab.env.registry import read_tasks_file
 from trajlab.errors import UserError
 from trajlab.evaluation import EvalReport, evaluate_trajectories, save_report
@@ -16,7 +16,7 @@ from trajlab.evaluation.metrics import eval_metrics
 from trajlab.inference.policy import Policy, PolicyLike
 from trajlab.recipes.arguments import EnvLike, Progress, as_env, model_settings, output_path, policy_label, settings_of
 from trajlab.recipes.collect import roll_out
-from trajlab.rollout.rewards import weighted_reward
+from trajlab.rewards import RewardFunction, RewardSet
 from trajlab.tracking import Trackers, require_trackers
 
 
@@ -28,7 +28,7 @@ def evaluate(
     tasks: TaskRows | None = None,
     tokenizer: Any = None,
     rollout: RolloutSettings | Mapping[str, Any] | None = None,
-    rewards: Mapping[str, float] | None = None,
+    rewards: Mapping[str, float | RewardFunction | dict[str, Any]] | None = None,
     label: str | None = None,
     backend: str | None = None,
     vllm: VLLMSettings | dict | None = None,
@@ -44,7 +44,8 @@ def evaluate(
         out: a run directory for ``trajectories.jsonl`` and ``eval.json`` (resumed if it exists); None: nothing
             is written.
         tasks: task dicts to evaluate on instead of the env's split (all of them unless ``num_tasks`` is given).
-        rewards: reward-component weights to report (``reward/<name>``); None: the env reward only.
+        rewards: named rewards to report (``reward/<name>``), as ``eval.rewards``: built-in weights or reward
+            functions (a failing function marks its episode error); None: the env reward only.
         label: the run's name in tables (default: the policy's).
         report_to: experiment trackers that also get the results, as ``eval/...`` (:mod:`trajlab.tracking`; the
             tracker run is named after ``out``).
@@ -66,9 +67,8 @@ def evaluate(
             tasks=tasks, temperature=chosen.temperature, tokenizer=tokenizer,
             rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend, vllm),
             reference=None, noise=0.0, on_progress=on_progress)
-        if rewards is not None:
-            for trajectory in trajectories:  # every reward component logged alongside success
-                weighted_reward(trajectory, dict(rewards))
+        if rewards is not None:  # every reward logged alongside success, the functions' calls batched
+            RewardSet(settings_of(RLSettings, {"rewards": dict(rewards)}).rewards).score(trajectories)
         report = evaluate_trajectories(trajectories, ks=chosen.pass_at(), label=label or policy_label(policy),
                                        tokens_per_s=outcome.tokens_per_s or None)
         report.errors_run_again = outcome.errors_run_again

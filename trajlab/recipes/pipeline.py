@@ -87,16 +87,21 @@ def run_pipeline(config: PipelineConfig, log: Log = print, progress: ProgressFor
         elif stage == "eval":
             with progress(f"eval ({label})") as on_progress:
                 reports.append(evaluate(env, str(current), out=run / f"eval-{len(reports)}-{label}",
-                                            rollout=config.rollout, rewards=config.rl.rewards, label=label,
+                                            rollout=config.rollout, rewards=_eval_rewards(config), label=label,
                                             **_placement(config), backend=config.model.backend, vllm=config.model.vllm,
                                             report_to=config.report_to, on_progress=on_progress,
-                                            **config.eval.model_dump()))
+                                            **config.eval.model_dump(exclude={"rewards"})))
             log(f"eval ({label}): success rate {reports[-1].success_rate:.3f}, "
                 f"mean reward {reports[-1].mean_reward:.3f}")
         log(f"{stage} took {time.perf_counter() - started:.0f}s")
     (run / "results.json").write_text(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
     log(f"report: {write_report([run], run / 'report.html')} (trajlab report {run} writes it again)")
     return reports
+
+
+def _eval_rewards(config: PipelineConfig) -> dict[str, Any]:
+    """The rewards an eval stage reports: ``eval.rewards``, else the ones RL trains on."""
+    return config.eval.rewards if config.eval.rewards is not None else config.rl.rewards
 
 
 def _require_extras(config: PipelineConfig) -> None:

@@ -1,4 +1,5 @@
-"""Named reward components, weighted in the config and logged one by one.
+"""The built-in reward components, weighted in the config beside reward functions (:mod:`trajlab.rewards`) and
+logged one by one.
 
 A component reads the trajectory's record (the env's reward and metrics, the engine's counters), never text the
 model or a tool printed: a reward that can be earned by printing "Correct!" is a bug. Weight 0 makes a component a
@@ -45,17 +46,12 @@ REWARDS: dict[str, RewardFn] = {
 
 
 def check_weights(weights: Mapping[str, float]) -> None:
+    """Every name is a built-in component.
+
+    Raises:
+        ValueError: one is not, with the known names.
+    """
     unknown = sorted(set(weights) - set(REWARDS))
     if unknown:
         raise ValueError(f"Unknown reward component(s) {unknown}; known: {sorted(REWARDS)}.")
 
-
-def weighted_reward(trajectory: Trajectory, weights: Mapping[str, float]) -> float:
-    """The weighted reward; every component (weighted or not) is also stored as ``metrics['reward/<name>']``."""
-    check_weights(weights)
-    total = 0.0
-    for name, fn in REWARDS.items():
-        value = fn(trajectory)
-        trajectory.metrics[f"reward/{name}"] = value
-        total += weights.get(name, 0.0) * value
-    return total

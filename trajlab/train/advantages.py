@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 
 from trajlab.config import RLSettings
+from trajlab.rewards import weight_of
 from trajlab.rollout.types import Trajectory
 
 Estimator = Literal["grpo", "dr_grpo", "rloo"]
@@ -109,7 +110,8 @@ def _spread(trajectory: Trajectory, mask: list[int], per_turn: Sequence[float]) 
 
 
 def step_advantages(
-    trajectories: list[Trajectory], rewards: list[float], settings: RLSettings
+    trajectories: list[Trajectory], rewards: list[float], settings: RLSettings,
+    turn_rewards: Sequence[Sequence[float]] | None = None,
 ) -> tuple[list[list[float]], dict[str, float]]:
     """Token advantages per trajectory, and the step's group statistics. A trajectory kept a sample per turn gets
     its samples' advantages one after another (:func:`trajlab.rollout.samples.split_advantages` cuts them apart).
@@ -117,8 +119,10 @@ def step_advantages(
     Rollouts are compared within their ``Trajectory.group``, over the group's valid rollouts only: one that ended
     with status ``error`` (the machinery failed, not the policy) has no reward to compare, gets no advantage and
     counts in no group's statistics; a group left with fewer than two valid rollouts has nothing to compare and is
-    skipped. Statistics: the share of groups whose rewards were all equal (no signal), groups computed over fewer
-    rollouts than were run, groups skipped.
+    skipped. With ``credit: turn``, ``turn_rewards`` are each trajectory's weighted per-turn rewards
+    (:class:`trajlab.rewards.Scores`; None: the ``progress`` weight times the env's dense rewards), the rest of its
+    total on its last turn. Statistics: the share of groups whose rewards were all equal (no signal), groups
+    computed over fewer rollouts than were run, groups skipped.
 
     Raises:
         ValueError: a trajectory has no group.
@@ -132,7 +136,9 @@ def step_advantages(
             groups[trajectory.group].append(index)
     out: list[list[float]] = [[0.0] * len(_loss_mask(t)) for t in trajectories]
     flat = short = skipped = 0
-    dense_weight = settings.rewards.get("progress", 0.0)
+    if turn_rewards is None:
+        dense = weight_of(settings.rewards.get("progress", 0.0))
+        turn_rewards = [[dense * r for r in t.turn_rewards or []] for t in trajectories]
     for members in groups.values():
         short += len(members) < settings.group_size
         if len(members) < 2:
@@ -147,7 +153,7 @@ def step_advantages(
                 out[i] = [value * bit for bit in mask]
             continue
         per_turn = [
-            turn_rewards_with_terminal(trajectories[i].turn_rewards or [], rewards[i], dense_weight) for i in members
+            turn_rewards_with_terminal(turn_rewards[i], rewards[i], 1.0) for i in members
         ]
         for i, mask, turn_values in zip(members, masks, group_turn_advantages(per_turn, settings.estimator),
                                         strict=True):

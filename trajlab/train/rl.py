@@ -36,8 +36,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from trajlab.chat.parsers import ToolCallParser
 from trajlab.config import RLSettings, RolloutSettings
 from trajlab.data.store import TrajectoryStore
+from trajlab.rewards import RewardSet, Scores
 from trajlab.rollout.drift import check_token_drift
-from trajlab.rollout.rewards import weighted_reward
 from trajlab.rollout.runner import Episode, EpisodeRunner
 from trajlab.rollout.samples import split_advantages, turn_samples
 from trajlab.rollout.types import Trajectory, task_id
@@ -129,6 +129,7 @@ class _Loop:
                  seed: int) -> None:
         self.parts, self.settings, self.rollout, self.out_dir, self.seed = parts, settings, rollout, out_dir, seed
         out_dir.mkdir(parents=True, exist_ok=True)
+        self.rewards = RewardSet(settings.rewards)  # built once: a judge keeps its cache and connections
         self.correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto"
                                                                 and parts.off_policy)
         self.plans: dict[int, list[list[Episode]]] = {}
@@ -205,8 +206,10 @@ class _Loop:
         staleness = [step - int(t.metrics["policy_version"]) for t in trajectories]
 
         # --- rewards and advantages, group by group ---
-        rewards = [weighted_reward(t, settings.rewards) for t in trajectories]
-        token_advantages, group_stats = step_advantages(trajectories, rewards, settings)
+        # a reward function that fails marks its trajectory error: masked below like any broken episode
+        scores = self.score(trajectories)
+        rewards = scores.totals
+        token_advantages, group_stats = step_advantages(trajectories, rewards, settings, turn_rewards=scores.turns)
 
         # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
         started = time.perf_counter()
@@ -255,6 +258,22 @@ class _Loop:
             record["workers_replaced"] = parts.sampler.replaced
         self.log(namespaced(record | (stage_metrics if parts.curriculum.staged else {})))
         self._after(step, promotion)
+
+    def score(self, trajectories: list[Trajectory]) -> Scores:
+        """The step's rewards. With several processes (each holding every trajectory) the main one calls the
+        reward functions, once per trajectory, and the others take its scores and what they wrote on the
+        trajectories (status, error, metrics): a judge is asked once, not once per process."""
+        accelerator = self.parts.accelerator
+        if accelerator.num_processes == 1:
+            return self.rewards.score(trajectories)
+        payload = None
+        if accelerator.is_main_process:
+            scores = self.rewards.score(trajectories)
+            payload = (scores, [(t.status, t.error, t.metrics) for t in trajectories])
+        scores, records = broadcast_object_list([payload])[0]
+        for trajectory, (status, error, metrics) in zip(trajectories, records, strict=True):
+            trajectory.status, trajectory.error, trajectory.metrics = status, error, metrics
+        return scores
 
     def _after(self, step: int, promotion: Promotion | None) -> None:
         """A promotion's line, and a checkpoint every ``save_steps`` and at the end (after the step's metrics: a run

@@ -25,8 +25,8 @@ METRIC_NAMES = {
         "processes")},
 }
 """An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (docs/metrics.md)."""
-METRIC_PREFIXES = {"reward/": "reward/", "mismatch/": "mismatch/", "staleness/": "rollout/staleness/",
-                   "per_env/": "rollout/per_env/", "curriculum/": "curriculum/"}
+METRIC_PREFIXES = {"reward/": "reward/", "judge/": "judge/", "mismatch/": "mismatch/",
+                   "staleness/": "rollout/staleness/", "per_env/": "rollout/per_env/", "curriculum/": "curriculum/"}
 
 
 def namespaced(record: dict[str, float]) -> dict[str, float]:
@@ -47,7 +47,7 @@ def step_metrics(step: int, trajectories: list[Trajectory], rewards: list[float]
     Raises:
         FloatingPointError: the mean reward is not finite.
     """
-    episodes = len(trajectories)
+    episodes, every = len(trajectories), trajectories
     retries = sum(t.metrics.get("attempts", 1.0) - 1 for t in trajectories)
     errors = sum(t.status == "error" for t in trajectories)
     rewards = [r for r, t in zip(rewards, trajectories, strict=True) if t.status != "error"]
@@ -72,6 +72,8 @@ def step_metrics(step: int, trajectories: list[Trajectory], rewards: list[float]
     }
     for key in sorted({k for t in trajectories for k in t.metrics if k.startswith("reward/")}):
         record[key] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
+    for key in sorted({k for t in every for k in t.metrics if k.startswith("judge/")}):  # what the judge cost
+        record[key] = sum(t.metrics.get(key, 0.0) for t in every)
     record |= _per_env(trajectories, rewards)
     if not math.isfinite(record["reward"]):
         raise FloatingPointError(f"non-finite reward at step {step + 1}")
