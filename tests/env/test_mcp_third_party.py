@@ -1,34 +1,33 @@
-"""A third-party MCP server from PyPI as an env: ``mcp-server-calculator`` 0.2.1 (one tool, ``calculate``, no
-network), run in the sandbox from its own install, apart from trajlab's venv (it needs ``mcp<2``; trajlab's is 2.x).
+"""A third-party MCP server from PyPI as an env: ``mcp-server-time`` (the MCP project's reference time server: two
+tools, ``get_current_time`` and ``convert_time``, no network; installed with the ``test`` extra), run in the sandbox
+from the venv's packages like the servers of ``test_mcp.py``."""
 
-Install it with ``pip install --target DIR mcp-server-calculator==0.2.1`` and point ``TRAJLAB_MCP_CALCULATOR_DIR`` at
-DIR; without it the test is skipped and says so.
-"""
-
-import os
-from pathlib import Path
+import json
+import sysconfig
 
 import pytest
 
 from trajlab.config import McpSettings
 from trajlab.env.base import EnvHandle
+from trajlab.env.mcp_client import McpToolError
 
-INSTALL = os.environ.get("TRAJLAB_MCP_CALCULATOR_DIR", "")
+SITE = sysconfig.get_paths()["purelib"]
 
 
-@pytest.mark.skipif(not (Path(INSTALL) / "mcp_server_calculator").is_dir(),
-                    reason="mcp-server-calculator is not installed: pip install --target DIR "
-                           "mcp-server-calculator==0.2.1 and set TRAJLAB_MCP_CALCULATOR_DIR=DIR")
-def test_the_calculator_server_from_pypi_is_an_env():
-    install = str(Path(INSTALL).resolve())
-    spec = McpSettings(command=["/usr/bin/python3", "-m", "mcp_server_calculator"], env={"PYTHONPATH": install},
-                       read_only_paths=[install]).spec()
+def test_the_time_server_from_pypi_is_an_env():
+    spec = McpSettings(command=["/usr/bin/python3", "-m", "mcp_server_time", "--local-timezone", "UTC"],
+                       env={"PYTHONPATH": SITE}, read_only_paths=[SITE]).spec()
     tools = {schema["function"]["name"]: schema["function"] for schema in spec.tools}
-    assert list(tools) == ["calculate"] and "expression" in tools["calculate"]["parameters"]["properties"]
+    assert sorted(tools) == ["convert_time", "get_current_time"]
+    assert set(tools["convert_time"]["parameters"]["properties"]) == {"source_timezone", "time", "target_timezone"}
     env = EnvHandle(spec.make())
-    env.reset({"prompt": "What is 6 * 7?", "answer": "42"})
-    try:
-        assert env.tool("calculate")(expression="6 * 7") == "42"
+    env.reset({"prompt": "It is 12:00 in Tokyo. What time is it in Kolkata?", "answer": "08:30"})
+    try:  # neither zone has daylight saving time: the answer holds on any day
+        converted = json.loads(env.tool("convert_time")(source_timezone="Asia/Tokyo", time="12:00",
+                                                        target_timezone="Asia/Kolkata"))
+        with pytest.raises(McpToolError, match="Invalid timezone"):  # the engine shows it to the model as an error
+            env.tool("convert_time")(source_timezone="Mars/Olympus", time="12:00", target_timezone="UTC")
     finally:
         env.close()
-    assert env.next_user_message("42") is None and env.reward == 1.0 and env.success
+    assert converted["target"]["datetime"][11:16] == "08:30" and converted["time_difference"] == "-3.5h"
+    assert env.next_user_message("08:30") is None and env.reward == 1.0 and env.success
