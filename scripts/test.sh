@@ -38,7 +38,9 @@ if ! command -v bwrap >/dev/null 2>&1; then
 fi
 . .venv/bin/activate
 ruff check . || exit 1
-run_pytest "$@" || exit $?
+# Two workers (pytest-xdist): on 2 cores much of the suite waits on subprocesses, servers and sandboxes, so the
+# workers overlap that waiting; the arguments come after, so `-n 0` runs it in one process.
+run_pytest -n 2 --dist worksteal "$@" || exit $?
 if [ "$lane" = "1" ]; then
   echo "vLLM lane: tests/vllm in .venv-vllm"
   deactivate
