@@ -20,6 +20,8 @@ import argparse
 import json
 import re
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,15 +80,14 @@ def main() -> None:
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app(args.log), log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    original = server.startup
+    server = uvicorn.Server(uvicorn.Config(app(args.log), log_level="warning", lifespan="off"))
 
-    async def startup(sockets: list[socket.socket] | None = None) -> None:
-        await original(sockets)
+    def announce() -> None:  # the port, once the server accepts requests
+        while not server.started:
+            time.sleep(0.05)
         args.port_file.write_text(str(sock.getsockname()[1]))
 
-    server.startup = startup  # type: ignore[method-assign]
+    threading.Thread(target=announce, daemon=True).start()
     server.run(sockets=[sock])
 
 
