@@ -20,8 +20,9 @@ SIZES = {"train": 48, "test": 16}
 
 
 def rows(count: int, seed: int) -> list[dict]:
-    """``count`` conversion questions between two different units of one quantity, drawn by ``seed``; an answer
-    is between 0.1 and 100,000 (2 decimals keep its value)."""
+    """``count`` different conversion questions between two different units of one quantity, drawn by ``seed``;
+    an answer is between 0.1 and 100,000 (2 decimals keep its value). Rows are unique: a task's id is a hash of its
+    content, and collect refuses an episode id twice."""
     rng = random.Random(seed)
     made: list[dict] = []
     while len(made) < count:
@@ -29,6 +30,8 @@ def rows(count: int, seed: int) -> list[dict]:
         to_unit = rng.choice([u for u in sorted(UNITS) if UNITS[u][0] == UNITS[from_unit][0] and u != from_unit])
         value = rng.randint(1, 50)
         if not 0.1 <= float(convert_value(value, from_unit, to_unit)) <= 100_000:
+            continue
+        if any((row["value"], row["from_unit"], row["to_unit"]) == (value, from_unit, to_unit) for row in made):
             continue
         made.append({"question": f"Convert {value} {from_unit} to {to_unit}. Use the convert tool, then answer with "
                                  "the number only.",
