@@ -34,6 +34,9 @@ TESTED: dict[str, tuple[str, tuple[str, ...]]] = {
     # ... and step 4 with tiny budgets (the full run is benchmarks/env_learning.py's).
     re.escape("PYTHONPATH=. trajlab run examples/inventory/config.yaml"):
         ("tests/test_custom_env.py", ('"inventory" / "config.yaml"', '"run", str(CONFIG)')),
+    # docs/mcp.md's whole example, with tiny budgets (--set) passed through run.sh to trajlab run.
+    re.escape("bash examples/mcp_judge/run.sh"):
+        ("tests/test_example_mcp_judge.py", ('"mcp_judge" / "run.sh"', '["bash", str(RUN_SH)')),
 }
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trajlab.config.sections import Section
 from trajlab.env.registry import EnvSpec
@@ -37,6 +38,17 @@ class McpSettings(Section):
     """CPU seconds a stdio server's process may use in its life (a shared server lives for the whole run)."""
     server_memory_mb: int = Field(2048, ge=64)
     """Address space of each of a stdio server's processes, in MiB."""
+    oracle: str | None = None
+    """Import path ``package.module:function`` of a scripted policy of this server's tools, ``oracle(task,
+    messages)`` returning the next assistant message: the demonstrator of a collect stage (``policy oracle``), which
+    an MCP server does not bring. None: the env has no oracle."""
+
+    @field_validator("oracle")
+    @classmethod
+    def _importable(cls, path: str | None) -> str | None:
+        if path is not None:
+            load_oracle(path)
+        return path
 
     @model_validator(mode="after")
     def _one_server(self) -> McpSettings:
@@ -54,4 +66,24 @@ class McpSettings(Section):
         """The env of this server (an ``EnvSpec``; see :func:`trajlab.env.mcp_env.mcp_spec`)."""
         from trajlab.env.mcp_env import mcp_spec
 
-        return mcp_spec(self, shared=self.server == "shared", reset_tool=self.reset_tool, tasks=tasks)
+        oracle = load_oracle(self.oracle) if self.oracle is not None else None
+        return mcp_spec(self, shared=self.server == "shared", reset_tool=self.reset_tool, tasks=tasks, oracle=oracle)
+
+
+def load_oracle(path: str) -> Any:
+    """The function an ``mcp.oracle`` import path names.
+
+    Raises:
+        ValueError: not ``module:function``, not importable, no such name, or not callable.
+    """
+    module_name, _, name = path.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"mcp.oracle is an import path 'my_pkg.policy:oracle'; got {path!r}")
+    try:
+        target = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load mcp.oracle {path!r}: {type(exc).__name__}: {exc}; is the package installed, "
+                         "or its directory on PYTHONPATH?") from exc
+    if not callable(target):
+        raise ValueError(f"mcp.oracle {path!r} is a {type(target).__name__}, not a function")
+    return target

@@ -23,7 +23,7 @@ from trajlab.env.base import PROTOCOL_METHODS, Environment
 from trajlab.env.content import Content
 from trajlab.env.limits import EpisodeLimits
 from trajlab.env.mcp_client import McpConnection, McpServerOptions, McpToolError, joined_text, result_parts
-from trajlab.env.registry import EnvSpec
+from trajlab.env.registry import EnvSpec, Oracle
 from trajlab.errors import InfrastructureError, UserError
 
 _TIMEOUT_MARGIN_S = 5.0
@@ -199,7 +199,7 @@ def tasks_generator(rows: list[dict[str, Any]]) -> Callable[..., Iterator[dict[s
 
 
 def mcp_spec(options: McpServerOptions, *, shared: bool, reset_tool: str | None,
-             tasks: list[dict[str, Any]] | None = None) -> EnvSpec:
+             tasks: list[dict[str, Any]] | None = None, oracle: Oracle | None = None) -> EnvSpec:
     """The env of an MCP server: connects once to list its tools (a shared server stays running).
 
     Args:
@@ -208,6 +208,7 @@ def mcp_spec(options: McpServerOptions, *, shared: bool, reset_tool: str | None,
         reset_tool: with ``shared``, a tool called without arguments at each episode's start.
         tasks: rows (``prompt``, optional ``answer``, optional ``split``) RL and the other stages draw from; without
             them, tasks come from a tasks file (``--tasks``).
+        oracle: a scripted policy of the server's tools (``policy oracle``, the collect stage's demonstrator).
 
     Raises:
         UserError: the server could not start or its ``tools/list`` answer is not MCP, it lists no tool, a tool has
@@ -232,4 +233,4 @@ def mcp_spec(options: McpServerOptions, *, shared: bool, reset_tool: str | None,
             connection.close()
     limits = EpisodeLimits(tool_timeout_s=options.call_timeout_s + _TIMEOUT_MARGIN_S)
     return EnvSpec(name="mcp", env_cls=env_cls, tasks=None if tasks is None else tasks_generator(tasks),
-                   limits=limits, metadata={"mcp_server": server.label})
+                   limits=limits, oracle=oracle, metadata={"mcp_server": server.label})
