@@ -137,6 +137,9 @@ def test_each_mistake_is_one_clear_line(parquet, tmp_path):
         _env({"source": str(tmp_path / "none.parquet")})
     with pytest.raises(ValueError, match="has splits \\['train'\\], not 'test' \\(its tasks come from"):
         next(iter(_env({"source": str(parquet), **MAPPING}).iter_tasks("test", 0)))
+    (tmp_path / "twice.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _renamed([*ROWS, ROWS[1]])))
+    with pytest.raises(ValueError, match=r"twice\.jsonl: train row 2 and train row \d+ are the same task"):
+        _env({"source": str(tmp_path / "twice.jsonl"), **MAPPING})
     with pytest.raises(ConfigError, match=r"tasks.colums: unknown key \(did you mean 'columns'\?\)"):
         _env({"source": str(parquet), "colums": {}})
     with pytest.raises(ConfigError, match="difficulty sets the env's task generator"):

@@ -175,7 +175,14 @@ def with_dataset_tasks(env: EnvSpec | EnvMixture, rows: TaskSplits, *, shuffle: 
     checks: dict[str, Callable[[dict[str, Any]], list[str]]] = {}
     routed: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for split, part in rows.items():
+        seen: dict[str, str] = {}
         for place, task in part:
+            content = json.dumps(task, sort_keys=True, default=str)
+            if content in seen:  # episodes are keyed by their task's content: a second copy would collide mid-run
+                raise ValueError(f"{where}: {seen[content]} and {place} are the same task (every field equal); "
+                                 "remove the duplicates (Dataset.unique, pandas drop_duplicates) or give each row a "
+                                 "task_id column; nothing was run.")
+            seen[content] = place
             try:
                 spec = env.spec_for(task) if isinstance(env, EnvMixture) else _single(env, task)
             except ValueError as exc:
