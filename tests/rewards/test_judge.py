@@ -1,7 +1,7 @@
 """The LLM judge against a scripted judge served over real HTTP (a FAKE for a judge LLM, tests/rewards/conftest.py)
-and against the recording server on the real tiny model (which answers garbage): the prompt, the score format,
-retries, timeouts, the cache, the concurrency limit, the usage, and a judge that is down being an infrastructure
-error of the trajectory."""
+and against `trajlab serve` (its own process) on the real tiny model (which answers garbage): the prompt, the score
+format, retries, timeouts, the cache, the concurrency limit, the usage, and a judge that is down being an
+infrastructure error of the trajectory."""
 
 import asyncio
 import json
@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.proxy.conftest import hf_server  # noqa: F401 - the fixture: the tiny model as `trajlab serve` wires it
+from tests.proxy.test_server import free_port, serving
 from trajlab.errors import UserError
 from trajlab.rewards import JudgeError, LLMJudge, RewardSet, parse_attempt_scores, parse_score, render_conversation
 from trajlab.rollout.types import Trajectory
@@ -129,11 +129,15 @@ def test_a_direct_call_raises_judge_error(scripted_judge):
         asyncio.run(grade_once())
 
 
-def test_against_the_recording_server_on_the_tiny_model(hf_server):  # noqa: F811 - the imported fixture
-    """The tiny model answers garbage: every try is made, its tokens counted, and the trajectory masked."""
+def test_against_trajlab_serve_on_the_tiny_model(tiny_model_dir, tmp_path):
+    """`trajlab serve` in its own process; the tiny model answers garbage: every try is made, its tokens counted,
+    and the trajectory masked."""
     batch = [episode(0), episode(1, answer="41")]
-    args = {"url": hf_server.url + "/v1#tiny", "max_retries": 1, "backoff_s": 0, "max_tokens": 8}
-    RewardSet({"env": 1.0, "judge": {"function": JUDGE, "args": args}}).score(batch)
+    port = free_port()
+    with serving("--model", str(tiny_model_dir), "--port", str(port), "--served-model-name", "tiny-judge",
+                 "--record-dir", str(tmp_path / "sessions"), port=port) as url:
+        args = {"url": f"{url}/v1#tiny-judge", "max_retries": 1, "backoff_s": 0, "max_tokens": 8}
+        RewardSet({"env": 1.0, "judge": {"function": JUDGE, "args": args}}).score(batch)
     for trajectory in batch:
         assert trajectory.status == "error" and "gave no score after 2 tries" in trajectory.error
         assert trajectory.metrics["judge/calls"] == 2 and trajectory.metrics["judge/prompt_tokens"] > 100
