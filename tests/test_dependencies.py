@@ -61,6 +61,7 @@ def _third_party_imports(folder: Path) -> dict[str, str]:
     ``benchmarks/rl_memory.py``, which ``benchmarks/gpu`` imports through its path) is local."""
     found: dict[str, str] = {}
     scripts = {path.stem for path in folder.rglob("*.py")}
+    local = {"trajlab", "tests", "benchmarks", "examples", *scripts}  # examples: the tests import the examples' code
     for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
@@ -71,7 +72,7 @@ def _third_party_imports(folder: Path) -> dict[str, str]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in {"trajlab", "tests", "benchmarks", *scripts}:
+                if top not in sys.stdlib_module_names and top not in local:
                     found.setdefault(top, str(path.relative_to(ROOT)))
     return found
 

@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from examples.mcp_judge.judge_server import grade
+from tests.env.reachable import reachable
 from trajlab.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +29,11 @@ def lines(path: Path) -> list[dict]:
 def test_run_sh_trains_the_mcp_tools_with_the_judge_reward(tmp_path):
     run = tmp_path / "run"
     sets = [item for setting in TINY for item in ("--set", setting)]
+    # run.sh binds the checkout's own paths; where the sandbox's uid cannot read them (a clone under a 0700
+    # directory), a mirror it can read is given instead, after run.sh's own settings (the last --set wins)
+    here, site = reachable(str(RUN_SH.parent)), reachable(sysconfig.get_paths()["purelib"])
+    sets += ["--set", f"mcp.command=[/usr/bin/python3, {here}/server.py]", "--set", f"mcp.env={{PYTHONPATH: {site}}}",
+             "--set", f"mcp.read_only_paths=[{here}, {site}]"]
     env = os.environ | {"RUN_DIR": str(run), "PYTHON": sys.executable}
     result = subprocess.run(["bash", str(RUN_SH), *sets], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300)

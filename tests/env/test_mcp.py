@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.env.reachable import reachable
 from tests.rollout.test_engine import ReplayText, call, check_tokens
 from trajlab.chat.parsers import get_parser
 from trajlab.config import ConfigError, McpSettings, load_config
@@ -23,8 +24,8 @@ from trajlab.errors import InfrastructureError, UserError
 from trajlab.rollout.engine import RolloutEngine
 from trajlab.rollout.runner import Episode
 
-SITE = sysconfig.get_paths()["purelib"]  # the venv's packages: the servers' mcp and PIL
-HERE = str(Path(__file__).resolve().parent)
+SITE = reachable(sysconfig.get_paths()["purelib"])  # the venv's packages: the servers' mcp and PIL
+HERE = reachable(str(Path(__file__).resolve().parent))
 SERVER = f"{HERE}/mcp_servers.py"
 
 

@@ -7,11 +7,12 @@ import sysconfig
 
 import pytest
 
+from tests.env.reachable import reachable
 from trajlab.config import McpSettings
 from trajlab.env.base import EnvHandle
 from trajlab.env.mcp_client import McpToolError
 
-SITE = sysconfig.get_paths()["purelib"]
+SITE = reachable(sysconfig.get_paths()["purelib"])
 
 
 def test_the_time_server_from_pypi_is_an_env():

@@ -7,8 +7,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.sandbox.helpers import needs_bwrap
-from trajlab.sandbox import Sandbox
+import pytest
+
+from tests.sandbox.helpers import needs_bwrap, needs_private_uid
+from trajlab.sandbox import Sandbox, SandboxError
 
 SCRIPT = """
 import os, sys
@@ -57,3 +59,16 @@ def check(shared: Path) -> None:
         assert seen.returncode != 0 and "No such file" in seen.stderr, "not bound: not there"
     finally:
         without.cleanup()
+
+
+@needs_bwrap
+@needs_private_uid
+def test_a_read_only_path_the_sandbox_uid_cannot_reach_is_refused_at_once_saying_why() -> None:
+    with tempfile.TemporaryDirectory() as top:  # mode 0700: only its owner enters it
+        inner = Path(top) / "packages"
+        inner.mkdir()
+        with pytest.raises(SandboxError, match=rf"the sandbox's own uid cannot enter {top} \(mode 700\); let others "
+                                               rf"enter it \(chmod o\+x {top}\)"):
+            Sandbox(read_only_paths=[inner])
+        with pytest.raises(SandboxError, match="does not exist"):
+            Sandbox(read_only_paths=[Path(top) / "missing"])

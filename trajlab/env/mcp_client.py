@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import IO, Any, Protocol
 
 from trajlab.errors import InfrastructureError, require
-from trajlab.sandbox import Sandbox, SandboxLimits
+from trajlab.sandbox import Sandbox, SandboxError, SandboxLimits
 
 _CLOSE_WAIT_S = 10.0  # the SDK's own shutdown (close stdin, SIGTERM, SIGKILL) takes at most about 6 s
 _STDERR_TAIL = 600  # characters of a dead server's stderr quoted in the error
@@ -99,9 +99,13 @@ class McpConnection:
         if self.options.command is not None:
             # the server's stderr, quoted when it fails; open as long as the connection (closed by close())
             self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115
-            self._sandbox = Sandbox(SandboxLimits(cpu_seconds=self.options.server_cpu_s,
-                                                  memory_bytes=self.options.server_memory_mb << 20),
-                                    read_only_paths=self.options.read_only_paths)
+            try:
+                self._sandbox = Sandbox(SandboxLimits(cpu_seconds=self.options.server_cpu_s,
+                                                      memory_bytes=self.options.server_memory_mb << 20),
+                                        read_only_paths=self.options.read_only_paths)
+            except SandboxError as exc:  # e.g. a read-only path the sandbox's uid cannot reach
+                raise InfrastructureError(f"MCP server {self.label} could not start: {exc} (mcp.read_only_paths)") \
+                    from exc
             argv, environment = self._sandbox.process_argv(self.options.command)
             parameters = mcp.StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(self._sandbox.path),
                                                    env={**environment, **self.options.env})

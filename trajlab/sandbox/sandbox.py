@@ -37,7 +37,7 @@ from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
 from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
-from trajlab.sandbox.uids import identity_prefix, kill_uid, require_traversable
+from trajlab.sandbox.uids import identity_prefix, kill_uid, require_readable, require_traversable
 
 
 class Sandbox:
@@ -97,6 +97,8 @@ class Sandbox:
                                     processes=self.limits.max_processes)
             if self._lease.uid is not None:
                 require_traversable(self.path)
+                for path in self._read_only:
+                    require_readable(Path(path))
                 os.chown(self.path, self._lease.uid, self._lease.uid)
             server = self._platform.bwrap is not None and self._platform.server_python is not None and \
                 reuse_namespaces

@@ -39,3 +39,19 @@ def require_traversable(directory: Path) -> None:
     for parent in directory.parents:
         if not parent.stat().st_mode & stat.S_IXOTH:
             raise SandboxError(f"sandbox uids cannot enter {parent}: pass a world-traversable base_dir")
+
+
+def require_readable(path: Path) -> None:
+    """Refuse a read-only path (bound into the sandbox) that the sandbox's own uid could not reach: bubblewrap binds
+    it as that uid, and would fail with a bare "Permission denied" at the first command."""
+    if not path.exists():
+        raise SandboxError(f"read-only path {path} does not exist")
+    for parent in path.parents:
+        if not parent.stat().st_mode & stat.S_IXOTH:
+            raise SandboxError(f"read-only path {path}: the sandbox's own uid cannot enter {parent} (mode "
+                               f"{stat.S_IMODE(parent.stat().st_mode):o}); let others enter it (chmod o+x {parent}) or "
+                               "put what the sandbox reads in a directory others can read")
+    needed = stat.S_IROTH | (stat.S_IXOTH if path.is_dir() else 0)
+    if path.stat().st_mode & needed != needed:
+        raise SandboxError(f"read-only path {path} is not readable by others, as the sandbox's own uid would need")
+
