@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from trajlab.collection.plan import TaskRows
-from trajlab.config import EvalSettings, RLSettings, RolloutSettings, VLLMSettings
+from trajlab.config import EvalSettings, RolloutSettings, VLLMSettings
 from trajlab.env.registry import read_tasks_file
 from trajlab.errors import UserError
 from trajlab.evaluation import EvalReport, evaluate_trajectories, save_report
@@ -68,7 +68,7 @@ def evaluate(
             rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend, vllm),
             reference=None, noise=0.0, on_progress=on_progress)
         if rewards is not None:  # every reward logged alongside success, the functions' calls batched
-            RewardSet(settings_of(RLSettings, {"rewards": dict(rewards)}).rewards).score(trajectories)
+            RewardSet(settings_of(EvalSettings, {"rewards": dict(rewards)}).rewards).score(trajectories)
         report = evaluate_trajectories(trajectories, ks=chosen.pass_at(), label=label or policy_label(policy),
                                        tokens_per_s=outcome.tokens_per_s or None)
         report.errors_run_again = outcome.errors_run_again
