@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox import cgroups
 from trajlab.sandbox.bwrap import bwrap_argv
+from trajlab.sandbox.cgroups import CgroupHost, host_cgroups
 from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL
@@ -69,6 +69,9 @@ class Protections:
     work_dir_quota: bool = False
     #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
     cgroup_limits: bool = False
+    #: Which cgroups cap the memory of a sandbox's processes together: ``"cgroup v1"``, ``"cgroup v2"``, or ``""``
+    #: where no cgroup can be had (then only each process is capped, by ``memory_bytes``).
+    memory_cap: str = ""
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
@@ -93,6 +96,8 @@ class Platform:
     server_python: str | None = None
     #: Without the sandbox's tmpfs, the command server confines itself (inode-capped tmp dirs, no user namespaces).
     confine: bool = False
+    #: Where sandboxes' cgroups are made (None: no cgroup can be had here).
+    cgroups: CgroupHost | None = None
 
 
 #: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
@@ -146,6 +151,7 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         bwrap = None
     net_prefix = () if bwrap else next((prefix for prefix in _net_prefixes() if _works([*prefix, *identity])), ())
     unshare = shutil.which("unshare")
+    cgroup_host = host_cgroups()
     disk_quota = private_uid and (bwrap is not None or unshare is not None) and _can_mount_private_tmp(unshare, bwrap)
     server_python = _server_python([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)]) \
         if bwrap is not None else None
@@ -164,9 +170,10 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         bubblewrap=bwrap is not None,
         tmp_inode_quota=disk_quota or confine,
         work_dir_quota=disk_quota or confine,
-        cgroup_limits=root and cgroups.available(),
+        cgroup_limits=cgroup_host is not None,
+        memory_cap=f"cgroup v{cgroup_host.version}" if cgroup_host is not None else "",
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host)
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:

@@ -83,7 +83,10 @@ class Sandbox:
                 base_dir = mount_base_dir()
             self._root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base_dir)).resolve()
             self.path = self._root
-            self._record = Record(str(self._root), self._lease.uid, self._mounted, protections.cgroup_limits)
+            if self._platform.cgroups is not None:
+                self._cgroup = self._platform.cgroups.sandbox(self._root.name)
+            self._record = Record(str(self._root), self._lease.uid, self._mounted, self._cgroup is not None,
+                                  tuple(str(directory) for directory in self._cgroup.dirs) if self._cgroup else ())
             self._lease.record(self._record)
             if self._mounted:
                 # One tmpfs holds the working directory and the command's /tmp: both count against the quota.
@@ -91,8 +94,7 @@ class Sandbox:
                     raise SandboxError(f"could not mount a {self.limits.disk_bytes}-byte tmpfs at {self._root}")
                 assert self._lease.uid is not None
                 self.path = lay_out(self._root, self._lease.uid)
-            if protections.cgroup_limits:
-                self._cgroup = SandboxCgroup(self._root.name)
+            if self._cgroup is not None:
                 self._cgroup.create(memory_bytes=self.limits.total_memory_bytes,
                                     processes=self.limits.max_processes)
             if self._lease.uid is not None:

@@ -1,0 +1,108 @@
+"""The cgroup code's side of the caps: which cgroup a sandbox gets, and what it writes there.
+
+This machine's memory and pids controllers sit on cgroup v1, so the cgroup v2 code is exercised here only against a
+fake cgroup root (a tmp dir laid out as cgroup2): the tests named ``..._file_writes_only`` check the files it writes,
+not that a kernel enforces them. The caps themselves are checked by the attack suite wherever a kernel gives them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trajlab.sandbox.cgroups import CGROUP_ROOT, HOST_LEAF, PARENT, SandboxCgroup, find_cgroup_host
+from trajlab.sandbox.errors import SandboxError
+
+NAME = "trajlab-sandbox-abc123"
+USER_SCOPE = "user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope"
+
+
+def _cgroup2(directory: Path, *, controllers: str = "cpuset cpu io memory hugetlb pids rdma misc",
+             procs: str = "") -> Path:
+    """A directory holding what the kernel puts in every cgroup2 directory that the code reads or writes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cgroup.controllers").write_text(controllers + "\n")
+    (directory / "cgroup.subtree_control").write_text("")
+    (directory / "cgroup.procs").write_text(procs)
+    return directory
+
+
+def _own_cgroup(tmp_path: Path, path: str) -> Path:
+    """A fake /proc/self/cgroup of a process in ``path`` of the unified hierarchy (a hybrid host's lines too)."""
+    own = tmp_path / "self-cgroup"
+    own.write_text(f"4:memory:/\n1:name=systemd:/{path}\n0::/{path}\n")
+    return own
+
+
+def test_cgroup_v2_file_writes_only_as_root(tmp_path: Path) -> None:
+    """Exercises only the file writes, on a fake cgroup2 root: as root, sandboxes get cgroups below a parent under the
+    hierarchy's root, whose subtree has the memory and pids controllers; each gets memory.max and pids.max (and
+    cgroup.kill at the end). Not exercised: that a kernel enforces them."""
+    root = _cgroup2(tmp_path / "cgroup", procs="1\n")
+    host = find_cgroup_host(root, _own_cgroup(tmp_path, "init.scope"), as_root=True)
+    assert host is not None and host.version == 2 and host.parents == (root / PARENT,)
+    assert (root / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (root / PARENT / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert not (root / HOST_LEAF).exists(), "the hierarchy's root may hold processes: none are moved"
+
+    cgroup = host.sandbox(NAME)
+    cgroup.create(memory_bytes=256 << 20, processes=32)
+    directory = root / PARENT / NAME
+    assert cgroup.dirs == [directory]
+    assert (directory / "memory.max").read_text() == str(256 << 20)
+    assert (directory / "pids.max").read_text() == "34", "the processes plus bwrap and its PID namespace's init"
+    assert not (directory / "memory.swap.max").exists(), "swap is capped only where the kernel has the file"
+    assert cgroup.join_prefix()[-2:] == [str(directory / "cgroup.procs"), "--"]
+
+    (directory / "cgroup.kill").write_text("")  # as a kernel of 5.14 or later makes it
+    cgroup.kill()
+    assert (directory / "cgroup.kill").read_text() == "1"
+    for made in directory.iterdir():  # the kernel's files go with the directory
+        made.unlink()
+    cgroup.remove()
+    assert not directory.exists()
+
+
+def test_cgroup_v2_file_writes_only_in_a_delegated_user_cgroup(tmp_path: Path) -> None:
+    """Exercises only the file writes, on a fake cgroup2 root: without root, sandboxes get cgroups below the cgroup
+    systemd delegated to the user (this process's own, from /proc/self/cgroup). Its processes move to a leaf first (a
+    cgroup with processes cannot give controllers to its children), and a later process of that leaf finds the same
+    parent. Not exercised: the kernel's checks (who may write, which processes may move)."""
+    root = _cgroup2(tmp_path / "cgroup", procs="1\n")
+    scope = _cgroup2(root / USER_SCOPE, procs="4242\n")
+    host = find_cgroup_host(root, _own_cgroup(tmp_path, USER_SCOPE), as_root=False)
+    assert host is not None and host.version == 2 and host.parents == (scope / PARENT,)
+    assert (scope / HOST_LEAF / "cgroup.procs").read_text() == "4242", "the scope's process moved to the leaf"
+    assert (scope / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (scope / PARENT / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (root / "cgroup.subtree_control").read_text() == "", "nothing above the delegated cgroup is touched"
+
+    later = find_cgroup_host(root, _own_cgroup(tmp_path, f"{USER_SCOPE}/{HOST_LEAF}"), as_root=False)
+    assert later == host, "a process started in the leaf uses the same parent"
+
+
+@pytest.mark.parametrize(("layout", "why"), [
+    ("no_memory", "the memory controller is not in the delegated cgroup"),
+    ("not_cgroup2", "no cgroup2 hierarchy at the root"),
+])
+def test_cgroup_v2_file_writes_only_no_cgroup_where_none_can_be_had(tmp_path: Path, layout: str, why: str) -> None:
+    """Exercises only the file reads, on a fake cgroup root: where the delegated cgroup lacks a controller, or there
+    is no cgroup2 hierarchy, no cgroup is made (and nothing is written)."""
+    root = tmp_path / "cgroup"
+    if layout == "no_memory":
+        _cgroup2(root, procs="1\n")
+        _cgroup2(root / USER_SCOPE, controllers="cpu io pids", procs="4242\n")
+    else:
+        root.mkdir()
+    assert find_cgroup_host(root, _own_cgroup(tmp_path, USER_SCOPE), as_root=False) is None, why
+    assert not list(root.rglob(PARENT)) and not list(root.rglob(HOST_LEAF))
+
+
+def test_a_recorded_cgroup_is_found_again_for_removal() -> None:
+    v2 = f"/sys/fs/cgroup/{USER_SCOPE}/{PARENT}/{NAME}"
+    assert SandboxCgroup.recorded([v2], NAME).dirs == [Path(v2)]
+    assert SandboxCgroup.recorded([], NAME).dirs == [CGROUP_ROOT / "memory" / PARENT / NAME,
+                                                     CGROUP_ROOT / "pids" / PARENT / NAME], "a lease from before v2"
+    with pytest.raises(SandboxError, match="not the sandbox's"):
+        SandboxCgroup.recorded(["/sys/fs/cgroup/user.slice"], NAME)
