@@ -5,19 +5,21 @@ allowed or not, tools installed). Each is probed by running a no-op command unde
 Where bubblewrap is missing, the fallback is util-linux's chain: ``unshare --net`` for a network namespace (inside a
 user namespace, ``--map-current-user``, where the host cannot create one directly) and, as root, a mount namespace
 for the private /tmp. Envs that run model-written code call :func:`require_strong_isolation`, which refuses to go on
-with a weaker sandbox unless the user opted out with ``TRAJLAB_SANDBOX_ALLOW_WEAK=1``.
+with a weaker sandbox (no bubblewrap, no aggregate memory cap, as root no private uid or disk quota) unless the
+user opted out: ``TRAJLAB_SANDBOX_ALLOW_WEAK=memory_cap`` (names, separated by commas) or ``=1`` (all).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from trajlab.sandbox.bwrap import bwrap_argv
@@ -75,11 +77,24 @@ class Protections:
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
-        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)"}
-        if os.geteuid() == 0:
-            needed |= {"private_uid": "setpriv (util-linux) must switch to uids in SANDBOX_UID_RANGE",
-                       "disk_quota": "root must be able to mount a tmpfs (not possible in this container)"}
-        return [f"{name}: {fix}" for name, fix in needed.items() if not getattr(self, name)]
+        return [f"{name}: {fix}" for name, fix in _missing(self).items()]
+
+
+#: What strong isolation needs on every host, each with its fix; as root, :data:`_NEEDED_AS_ROOT` too.
+_NEEDED = {
+    "bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)",
+    "memory_cap": "no cgroup caps the memory of a sandbox's processes together (each process is capped alone, so "
+                  "many processes or SysV shared memory can take the host's memory): as root, mount the cgroup v1 "
+                  "memory and pids controllers or cgroup v2 with them; without root, run under a cgroup v2 that "
+                  "systemd delegates to you (systemd-run --user --scope -p Delegate=yes <command>)",
+}
+_NEEDED_AS_ROOT = {"private_uid": "setpriv (util-linux) must switch to uids in SANDBOX_UID_RANGE",
+                   "disk_quota": "root must be able to mount a tmpfs (not possible in this container)"}
+
+
+def _missing(protections: Protections) -> dict[str, str]:
+    needed = _NEEDED | (_NEEDED_AS_ROOT if os.geteuid() == 0 else {})
+    return {name: fix for name, fix in needed.items() if not getattr(protections, name)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +115,8 @@ class Platform:
     cgroups: CgroupHost | None = None
 
 
+logger = logging.getLogger(__name__)
+
 #: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
 ALLOW_WEAK_ENV = "TRAJLAB_SANDBOX_ALLOW_WEAK"
 
@@ -109,25 +126,43 @@ def probe_protections() -> Protections:
     return host_platform().protections
 
 
-def require_strong_isolation(who: str, *, allow_weak: bool | None = None) -> None:
-    """Refuse to run ``who`` (an env running model-written code) with a sandbox weaker than this machine should give.
+def require_strong_isolation(who: str, *, allow_weak: bool | Collection[str] | None = None) -> None:
+    """Refuse to run ``who`` (an env running model-written code) with a sandbox weaker than this machine should give;
+    where the user opted out, say loudly (a warning) what it runs without.
 
     Args:
         who: what needs the isolation, for the message, e.g. ``"the ctf env"``.
-        allow_weak: run anyway with what there is; None reads the ``TRAJLAB_SANDBOX_ALLOW_WEAK=1`` setting.
+        allow_weak: run anyway without these protections (by name, as :class:`Protections` names them: say
+            ``{"memory_cap"}``), or without any (True); None reads the ``TRAJLAB_SANDBOX_ALLOW_WEAK`` setting: ``1``
+            for any, or names separated by commas.
 
     Raises:
-        MissingProtection: a needed protection is missing and the user did not opt out; the message says what to
-            install and how to opt out.
+        MissingProtection: a needed protection is missing and the user did not opt out of it (the message says what
+            to install and how to opt out), or the setting names a protection that strong isolation does not need.
     """
     if allow_weak is None:
-        allow_weak = os.environ.get(ALLOW_WEAK_ENV, "") == "1"
-    missing = probe_protections().missing_for_strong_isolation()
-    if missing and not allow_weak:
+        setting = os.environ.get(ALLOW_WEAK_ENV, "")
+        allow_weak = setting == "1" or {name.strip() for name in setting.split(",") if name.strip()}
+    if weak := missing_for(probe_protections(), allow_weak=allow_weak, who=who):
+        logger.warning("%s runs without %s, as %s allows: %s", who, ", ".join(weak), ALLOW_WEAK_ENV,
+                       "; ".join(probe_protections().missing_for_strong_isolation()))
+
+
+def missing_for(protections: Protections, *, allow_weak: bool | Collection[str], who: str = "this") -> list[str]:
+    """The protections strong isolation needs that ``protections`` lack, where ``allow_weak`` allows each (True:
+    all); a :class:`MissingProtection` naming those it does not allow, or any name it does not know."""
+    allowed = set(allow_weak) if not isinstance(allow_weak, bool) else set()
+    if unknown := sorted(allowed - (_NEEDED.keys() | _NEEDED_AS_ROOT.keys())):
+        raise MissingProtection(f"{ALLOW_WEAK_ENV} names no protection strong isolation needs: {unknown}; the names "
+                                f"are {sorted(_NEEDED | _NEEDED_AS_ROOT)}, or 1 for all")
+    missing = _missing(protections)
+    if refused := {name: fix for name, fix in missing.items() if allow_weak is not True and name not in allowed}:
         raise MissingProtection(
             f"{who} runs model-written commands and needs a strongly isolated sandbox, but this machine lacks: "
-            f"{'; '.join(missing)}. Fix that, or set {ALLOW_WEAK_ENV}=1 to run with the weaker sandbox "
-            f"(probe_protections() lists what it still gives).")
+            f"{'; '.join(f'{name}: {fix}' for name, fix in refused.items())}. Fix that, or set "
+            f"{ALLOW_WEAK_ENV}={','.join(refused)} to run without {'it' if len(refused) == 1 else 'them'} "
+            f"({ALLOW_WEAK_ENV}=1: without anything missing; probe_protections() lists what it still gives).")
+    return sorted(missing)
 
 
 @functools.cache
