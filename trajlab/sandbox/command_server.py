@@ -43,6 +43,7 @@ _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTEN
 _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
 _NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)  # a kernel without (persistent) keyrings has none to wipe
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 0x1000, 0x4000
+_MS_RDONLY, _MS_REMOUNT, _MS_PROC = 1, 32, 2 | 4 | 8  # _MS_PROC: nosuid, nodev, noexec, as bwrap mounts /proc
 _CLONE_NEWUSER = 0x10000000
 _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 #: noroot, no_setuid_fixup, keep_caps (off) and no_cap_ambient_raise, each locked: uid 0 never regains capabilities
@@ -59,9 +60,14 @@ def main() -> None:
     # Commands inherit this process's session keyring: a new, empty one, not the one of whoever started bwrap.
     if _keyctl(libc, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0 and ctypes.get_errno() not in _NO_KEYRINGS:
         sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
-    _confine(libc, json.loads(sys.argv[2]))
+    setup = json.loads(sys.argv[2])
+    _confine(libc, setup)
     if sys.argv[1] == "--exec":
         os.execvp(sys.argv[3], sys.argv[3:])
+    if setup:  # the server again, as a program of the nested namespace: its /proc entries then belong to no uid
+        # that commands have (a program's belong to its user namespace's root, here the uid commands run as)
+        os.set_inheritable(int(sys.argv[1]), True)
+        os.execv(sys.executable, [sys.executable, "-I", "-S", sys.argv[0], sys.argv[1], "{}"])
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -89,12 +95,15 @@ def main() -> None:
 
 
 def _confine(libc: ctypes.CDLL, setup: dict) -> None:
-    """With ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``): mount those tmpfs (in that order; a mount
-    already below one of them is bound again onto it), then leave for a nested
+    """With a ``setup``: write ``setup["sysctl"]`` (``{name under /proc/sys: value}``: the IPC namespace's limits,
+    which only its user namespace's root may set), mount ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``,
+    in that order; a mount already below one of them is bound again onto it), then leave for a nested
     user namespace (``setup["uid"]``, ``["gid"]``) that no command can leave or nest, without capabilities. Exits
     the process on any failure: a command must never run half-confined."""
-    if not setup.get("tmpfs"):
+    if not setup:
         return
+    for name, value in setup["sysctl"].items():
+        _write(f"/proc/sys/{name}", str(value))
     for directory, size, inodes, mode in setup["tmpfs"]:  # the working directory last: it may lie below /tmp
         # What bwrap bound below it (the working directory, in a /tmp sandbox) is bound again onto the new tmpfs.
         kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in _top_mounts_below(directory)]
@@ -108,6 +117,10 @@ def _confine(libc: ctypes.CDLL, setup: dict) -> None:
             os.close(fd)
     # This user namespace may hold one more: the nested one made next, where commands then cannot make any.
     _write("/proc/sys/user/max_user_namespaces", "1")
+    # Commands run as the uid that owns the IPC namespace's limits, and may write them: /proc/sys goes read-only.
+    _check(libc.mount(b"/proc/sys", b"/proc/sys", None, _MS_BIND, None), "bind /proc/sys")
+    _check(libc.mount(None, b"/proc/sys", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_PROC, None),
+           "remount /proc/sys read-only")
     _check(libc.unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{setup['uid']} 0 1")

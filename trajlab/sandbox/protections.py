@@ -26,7 +26,7 @@ from trajlab.sandbox.bwrap import bwrap_argv
 from trajlab.sandbox.cgroups import CgroupHost, host_cgroups
 from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
-from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL
+from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL, SandboxLimits, ipc_sysctls
 from trajlab.sandbox.session import confined_exec_argv, confinement
 from trajlab.sandbox.uids import SANDBOX_UID_RANGE, identity_prefix
 
@@ -74,6 +74,10 @@ class Protections:
     #: Which cgroups cap the memory of a sandbox's processes together: ``"cgroup v1"``, ``"cgroup v2"``, or ``""``
     #: where no cgroup can be had (then only each process is capped, by ``memory_bytes``).
     memory_cap: str = ""
+    #: The IPC namespace of a sandbox's commands has its own limits (``kernel.shm*``, ``kernel.msg*``,
+    #: ``fs.mqueue.*``), sized from ``total_memory_bytes``: SysV shared memory and message queues, which outlive
+    #: the processes that made them, cannot take more (:func:`~trajlab.sandbox.limits.ipc_sysctls`).
+    ipc_limits: bool = False
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
@@ -109,7 +113,8 @@ class Platform:
     bwrap: str | None = None  # set when commands run under bubblewrap
     #: The interpreter that runs each sandbox's command server inside bubblewrap (None: one bwrap per command).
     server_python: str | None = None
-    #: Without the sandbox's tmpfs, the command server confines itself (inode-capped tmp dirs, no user namespaces).
+    #: The command server (or its ``--exec``) confines itself: sets the IPC namespace's limits and, without the
+    #: sandbox's tmpfs, mounts inode-capped tmp dirs, then leaves for a nested user namespace without capabilities.
     confine: bool = False
     #: Where sandboxes' cgroups are made (None: no cgroup can be had here).
     cgroups: CgroupHost | None = None
@@ -190,10 +195,12 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
     disk_quota = private_uid and (bwrap is not None or unshare is not None) and _can_mount_private_tmp(unshare, bwrap)
     server_python = _server_python([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)]) \
         if bwrap is not None else None
-    confine = bwrap is not None and server_python is not None and not disk_quota and _works(
-        [*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20, confine=True)],
-        command=(*confined_exec_argv(server_python, confinement(probe_uid if private_uid else None, 1 << 20, 64)),
-                 SHELL, "-c", ":"))
+    confine = ipc_limits = False
+    if bwrap is not None and server_python is not None:
+        sandbox_uid = probe_uid if private_uid else None
+        confine = _confines(identity, bwrap, server_python, confinement(sandbox_uid, 1 << 20, 64, tmp=not disk_quota))
+        ipc_limits = confine and _confines(identity, bwrap, server_python, confinement(
+            sandbox_uid, 1 << 20, 64, tmp=not disk_quota, sysctl=ipc_sysctls(SandboxLimits())))
     protections = Protections(
         private_uid=private_uid,
         process_cap=private_uid or not root or bwrap is not None,
@@ -207,8 +214,15 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         work_dir_quota=disk_quota or confine,
         cgroup_limits=cgroup_host is not None,
         memory_cap=f"cgroup v{cgroup_host.version}" if cgroup_host is not None else "",
+        ipc_limits=ipc_limits,
     )
     return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host)
+
+
+def _confines(identity: list[str], bwrap: str, python: str, setup: dict) -> bool:
+    """Whether the command server's confinement ``setup`` works under bubblewrap here."""
+    return _works([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20, confine=True)],
+                  command=(*confined_exec_argv(python, setup), SHELL, "-c", ":"))
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:

@@ -32,7 +32,7 @@ from trajlab.sandbox.disk_quota import (
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Lease, Record
-from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
+from trajlab.sandbox.limits import SHELL, SandboxLimits, ipc_sysctls, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
@@ -104,12 +104,15 @@ class Sandbox:
                 os.chown(self.path, self._lease.uid, self._lease.uid)
             server = self._platform.bwrap is not None and self._platform.server_python is not None and \
                 reuse_namespaces
-            # Without the sandbox's tmpfs, the command server (or its --exec) caps the tmp dirs itself, and the
-            # server also makes the working directory a capped tmpfs, which the host then reaches through /proc.
-            self._confine = self._platform.confine and not self._mounted
-            self._work_in_namespace = self._confine and server
-            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes,
-                                      work=self.path if self._work_in_namespace else None) if self._confine else {}
+            # The command server (or its --exec) sets the IPC namespace's limits; without the sandbox's tmpfs it caps
+            # the tmp dirs itself, and the server also makes the working directory a capped tmpfs, which the host
+            # then reaches through /proc.
+            self._confine = self._platform.confine
+            self._work_in_namespace = self._confine and server and not self._mounted
+            sysctl = ipc_sysctls(self.limits) if protections.ipc_limits else None
+            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes, tmp=not self._mounted,
+                                      work=self.path if self._work_in_namespace else None,
+                                      sysctl=sysctl) if self._confine else {}
             if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
                                                env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
@@ -126,7 +129,8 @@ class Sandbox:
     def protections(self) -> Protections:
         """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
         protections = self._platform.protections
-        if self._confine and not self._work_in_namespace:  # one bwrap per command: nothing holds a tmpfs between
+        # One bwrap per command without root's tmpfs: nothing holds a tmpfs between commands.
+        if self._confine and not self._mounted and not self._work_in_namespace:
             protections = dataclasses.replace(protections, work_dir_quota=False)
         return protections
 
