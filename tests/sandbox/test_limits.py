@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import time
@@ -10,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.sandbox.helpers import FAST, MODES, PROTECTIONS, leftovers
+from tests.sandbox.helpers import FAST, MODES, PROTECTIONS, leftovers, sysv_pin_command
 from trajlab.sandbox import Sandbox, SandboxLimits
 
 
@@ -61,30 +60,6 @@ def test_memory_hog_fails(sandbox: Sandbox) -> None:
 def test_bad_limits_are_rejected_with_the_field_name(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"SandboxLimits.{field} must be a positive"):
         SandboxLimits(**{field: value})
-
-
-#: Pins SysV shared memory, 64 MiB a segment up to 1 GiB, touching every page and leaving the segments behind when it
-#: exits; prints how many bytes it holds after each segment.
-SYSV_PIN = """
-import ctypes
-libc = ctypes.CDLL(None, use_errno=True)
-libc.shmat.restype, libc.shmat.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
-held = 0
-for _ in range(16):
-    segment = libc.shmget(0, 64 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
-    address = libc.shmat(segment, None, 0) if segment >= 0 else None
-    if address in (None, ctypes.c_void_p(-1).value):
-        break
-    ctypes.memset(address, 1, 64 << 20)
-    libc.shmdt(ctypes.c_void_p(address))
-    held += 64 << 20
-    print(held, flush=True)
-"""
-
-
-def sysv_pin_command() -> str:
-    """:data:`SYSV_PIN` as a shell command (the sandbox's Python reads it from stdin)."""
-    return f"echo {base64.b64encode(SYSV_PIN.encode()).decode()} | base64 -d | python3 -"
 
 
 @pytest.mark.parametrize("mode", MODES[:2])  # the fallback chain sets no IPC namespace limits
