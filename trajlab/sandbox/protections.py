@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trajlab.sandbox.bwrap import bwrap_argv
 from trajlab.sandbox.cgroups import CgroupHost, host_cgroups
-from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
+from trajlab.sandbox.disk_quota import WorkTmpfs, fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL, SandboxLimits, ipc_sysctls
 from trajlab.sandbox.session import confined_exec_argv, confinement
@@ -118,6 +118,9 @@ class Platform:
     confine: bool = False
     #: Where sandboxes' cgroups are made (None: no cgroup can be had here).
     cgroups: CgroupHost | None = None
+    #: Without root's tmpfs, one bwrap per command enters a namespace holding the working directory's tmpfs
+    #: (:class:`~trajlab.sandbox.disk_quota.WorkTmpfs`) with this ``nsenter``; None: it cannot here.
+    nsenter: str | None = None
 
 
 logger = logging.getLogger(__name__)
@@ -201,6 +204,9 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         confine = _confines(identity, bwrap, server_python, confinement(sandbox_uid, 1 << 20, 64, tmp=not disk_quota))
         ipc_limits = confine and _confines(identity, bwrap, server_python, confinement(
             sandbox_uid, 1 << 20, 64, tmp=not disk_quota, sysctl=ipc_sysctls(SandboxLimits())))
+    nsenter = shutil.which("nsenter") if confine and not disk_quota and unshare is not None else None
+    if nsenter is not None and not _holds_work_tmpfs(identity, unshare, nsenter):
+        nsenter = None
     protections = Protections(
         private_uid=private_uid,
         process_cap=private_uid or not root or bwrap is not None,
@@ -211,18 +217,34 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         inode_quota=disk_quota,
         bubblewrap=bwrap is not None,
         tmp_inode_quota=disk_quota or confine,
-        work_dir_quota=disk_quota or confine,
+        work_dir_quota=disk_quota or confine,  # with one bwrap per command, only where nsenter is set
         cgroup_limits=cgroup_host is not None,
         memory_cap=f"cgroup v{cgroup_host.version}" if cgroup_host is not None else "",
         ipc_limits=ipc_limits,
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host,
+                    nsenter)
 
 
 def _confines(identity: list[str], bwrap: str, python: str, setup: dict) -> bool:
     """Whether the command server's confinement ``setup`` works under bubblewrap here."""
     return _works([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20, confine=True)],
                   command=(*confined_exec_argv(python, setup), SHELL, "-c", ":"))
+
+
+def _holds_work_tmpfs(identity: list[str], unshare: str, nsenter: str) -> bool:
+    """Whether a :class:`~trajlab.sandbox.disk_quota.WorkTmpfs` can be held here and entered."""
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            os.chmod(directory, 0o711)  # a sandbox uid (as root) mounts over it
+            holder = WorkTmpfs(Path(directory), size=1 << 20, inodes=64, unshare=unshare, nsenter=nsenter,
+                               identity=identity)
+            try:
+                return _works([*identity, *holder.enter_prefix()])
+            finally:
+                holder.close()
+    except (OSError, SandboxError):
+        return False
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:

@@ -23,6 +23,7 @@ from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidN
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import (
     DIR_MODE,
+    WorkTmpfs,
     fstab_path,
     lay_out,
     mount_base_dir,
@@ -73,6 +74,7 @@ class Sandbox:
         self._record: Record | None = None
         self._cgroup: SandboxCgroup | None = None
         self._session: CommandSession | None = None
+        self._work_tmpfs: WorkTmpfs | None = None
         sweep()
         self._lease = Lease.for_new_uid() if protections.private_uid else Lease.anonymous()
         self._mounted = protections.disk_quota
@@ -113,6 +115,11 @@ class Sandbox:
             self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes, tmp=not self._mounted,
                                       work=self.path if self._work_in_namespace else None,
                                       sysctl=sysctl) if self._confine else {}
+            if self._confine and not self._mounted and not server and self._platform.nsenter is not None:
+                assert self._platform.unshare is not None
+                self._work_tmpfs = WorkTmpfs(self.path, size=self.limits.disk_bytes, inodes=self.limits.inodes,
+                                             unshare=self._platform.unshare, nsenter=self._platform.nsenter,
+                                             identity=identity_prefix(self._platform.setpriv, self.uid))
             if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
                                                env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
@@ -130,7 +137,7 @@ class Sandbox:
         """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
         protections = self._platform.protections
         # One bwrap per command without root's tmpfs: nothing holds a tmpfs between commands.
-        if self._confine and not self._mounted and not self._work_in_namespace:
+        if self._confine and not self._mounted and not self._work_in_namespace and self._work_tmpfs is None:
             protections = dataclasses.replace(protections, work_dir_quota=False)
         return protections
 
@@ -205,6 +212,8 @@ class Sandbox:
 
     def _host_view(self) -> Path:
         """The sandbox directory as the host reaches it: in the command server's namespace where it lives there."""
+        if self._work_tmpfs is not None:
+            return self._work_tmpfs.host_root() / self.path.relative_to("/")
         if self._work_in_namespace:
             assert self._session is not None
             return self._session.host_root() / self.path.relative_to("/")
@@ -254,7 +263,8 @@ class Sandbox:
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
                          confine=self._confine, read_only=self._read_only)
-        return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
+        enter = self._work_tmpfs.enter_prefix() if self._work_tmpfs is not None else []
+        return [*join, *identity_prefix(self._platform.setpriv, self.uid), *enter, *box]
 
     def _kill_leftovers(self) -> None:
         if self._cgroup is not None:
@@ -270,6 +280,8 @@ class Sandbox:
         try:
             if self._session is not None:
                 self._session.close()
+            if self._work_tmpfs is not None:
+                self._work_tmpfs.close()
             self._kill_leftovers()
             remove_leftovers(dataclasses.replace(self._record, uid=None))  # its processes were just killed
         except BaseException:
