@@ -63,6 +63,8 @@ def test_strong_isolation_requires_a_memory_cap_and_an_opt_out_names_it() -> Non
     opted_out = run_as_nobody(["-c", REQUIRE], env={ALLOW_WEAK_ENV: "memory_cap"})
     assert opted_out.returncode == 0, opted_out.stderr
     assert "the attack runs without memory_cap" in opted_out.stderr, "running without the cap is said loudly"
+    as_unset = run_as_nobody(["-c", REQUIRE], env={ALLOW_WEAK_ENV: "0"})
+    assert as_unset.returncode != 0 and "names no protection" not in as_unset.stderr, "0 opts out of nothing"
     misspelt = run_as_nobody(["-c", REQUIRE], env={ALLOW_WEAK_ENV: "memory_cp"})
     assert misspelt.returncode != 0 and "memory_cp" in misspelt.stderr and "memory_cap" in misspelt.stderr
 

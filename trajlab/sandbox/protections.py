@@ -142,7 +142,7 @@ def require_strong_isolation(who: str, *, allow_weak: bool | Collection[str] | N
         who: what needs the isolation, for the message, e.g. ``"the ctf env"``.
         allow_weak: run anyway without these protections (by name, as :class:`Protections` names them: say
             ``{"memory_cap"}``), or without any (True); None reads the ``TRAJLAB_SANDBOX_ALLOW_WEAK`` setting: ``1``
-            for any, or names separated by commas.
+            for any, names separated by commas, or ``0`` (as unset) for none.
 
     Raises:
         MissingProtection: a needed protection is missing and the user did not opt out of it (the message says what
@@ -150,7 +150,7 @@ def require_strong_isolation(who: str, *, allow_weak: bool | Collection[str] | N
     """
     if allow_weak is None:
         setting = os.environ.get(ALLOW_WEAK_ENV, "")
-        allow_weak = setting == "1" or {name.strip() for name in setting.split(",") if name.strip()}
+        allow_weak = setting == "1" or {name.strip() for name in setting.split(",") if name.strip() not in ("", "0")}
     if weak := missing_for(probe_protections(), allow_weak=allow_weak, who=who):
         logger.warning("%s runs without %s, as %s allows: %s", who, ", ".join(weak), ALLOW_WEAK_ENV,
                        "; ".join(probe_protections().missing_for_strong_isolation()))
