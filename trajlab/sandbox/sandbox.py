@@ -136,7 +136,7 @@ class Sandbox:
     def protections(self) -> Protections:
         """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
         protections = self._platform.protections
-        # One bwrap per command without root's tmpfs: nothing holds a tmpfs between commands.
+        # One bwrap per command without root's tmpfs, where no namespace could hold one between its commands.
         if self._confine and not self._mounted and not self._work_in_namespace and self._work_tmpfs is None:
             protections = dataclasses.replace(protections, work_dir_quota=False)
         return protections
