@@ -1,18 +1,27 @@
 """The cgroup code's side of the caps: which cgroup a sandbox gets, and what it writes there.
 
-This machine's memory and pids controllers sit on cgroup v1, so the cgroup v2 code is exercised here only against a
-fake cgroup root (a tmp dir laid out as cgroup2): the tests named ``..._file_writes_only`` check the files it writes,
-not that a kernel enforces them. The caps themselves are checked by the attack suite wherever a kernel gives them.
+This machine's memory and pids controllers sit on cgroup v1, so the cgroup v2 code is exercised here against a fake
+cgroup root (a tmp dir laid out as cgroup2): the tests named ``..._file_writes_only`` check the files it writes, not
+that a kernel enforces them; and on the kernel's own cgroup2 hierarchy without those controllers: joining, moving
+processes, ``cgroup.kill`` and removal, not the caps. The caps themselves are checked by the attack suite wherever a
+kernel gives them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from trajlab.sandbox.cgroups import CGROUP_ROOT, HOST_LEAF, PARENT, SandboxCgroup, find_cgroup_host
+from trajlab.sandbox.cgroups import CGROUP_ROOT, HOST_LEAF, PARENT, SandboxCgroup, _move_processes, find_cgroup_host
 from trajlab.sandbox.errors import SandboxError
+from trajlab.sandbox.limits import SHELL
 
 NAME = "trajlab-sandbox-abc123"
 USER_SCOPE = "user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope"
@@ -106,3 +115,47 @@ def test_a_recorded_cgroup_is_found_again_for_removal() -> None:
                                                      CGROUP_ROOT / "pids" / PARENT / NAME], "a lease from before v2"
     with pytest.raises(SandboxError, match="not the sandbox's"):
         SandboxCgroup.recorded(["/sys/fs/cgroup/user.slice"], NAME)
+
+
+def _writable_cgroup2() -> Path | None:
+    """The kernel's unified hierarchy, where this process may make cgroups in it (as root)."""
+    mount = next((path for path in (CGROUP_ROOT, CGROUP_ROOT / "unified") if (path / "cgroup.controllers").is_file()),
+                 None)
+    return mount if mount is not None and os.geteuid() == 0 and os.access(mount, os.W_OK) else None
+
+
+@pytest.mark.skipif(_writable_cgroup2() is None, reason="needs root and a cgroup2 hierarchy")
+def test_cgroup_v2_joining_the_leaf_move_cgroup_kill_and_removal_on_the_kernel() -> None:
+    """The kernel's cgroup2 (here a hybrid host's, without the memory and pids controllers, so not the caps): a
+    cgroup's processes move to the leaf; a command joins its sandbox's cgroup, and cleanup kills it, a daemon it left
+    and a cgroup it made below, then removes them all."""
+    mount = _writable_cgroup2()
+    assert mount is not None
+    base = mount / f"trajlab-test-{uuid.uuid4().hex[:8]}"
+    base.mkdir()
+    try:
+        held = subprocess.Popen([SHELL, "-c", f"echo $$ > {base}/cgroup.procs && exec sleep 30"])
+        deadline = time.monotonic() + 5
+        while not (base / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _move_processes(base)
+        assert (base / "cgroup.procs").read_text().split() == []
+        assert (base / HOST_LEAF / "cgroup.procs").read_text().split() == [str(held.pid)]
+        held.kill()
+        held.wait()
+
+        cgroup = SandboxCgroup([base / NAME], 2)
+        cgroup.dirs[0].mkdir()
+        below = cgroup.dirs[0] / "made-by-the-command"
+        command = subprocess.Popen([*cgroup.join_prefix(), SHELL, "-c", f"mkdir {below}; sh -c 'echo $$ > "
+                                    f"{below}/cgroup.procs; exec setsid sleep 31' & exec sleep 32"])
+        while len(cgroup._pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert command.pid in cgroup._pids() and len(cgroup._pids()) == 2
+        cgroup.remove()
+        assert command.wait(timeout=5) == -signal.SIGKILL
+        assert not cgroup.exists()
+    finally:
+        for directory in sorted((Path(path) for path, _, _ in os.walk(base)), key=lambda path: -len(path.parts)):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
