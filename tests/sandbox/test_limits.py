@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tests.sandbox.helpers import FAST, MODES, PROTECTIONS, leftovers, sysv_pin_command
+from tests.sandbox.helpers import FAST, MODES, PROTECTIONS, leftovers, needs_private_uid, sysv_pin_command
 from trajlab.sandbox import Sandbox, SandboxLimits
 
 
@@ -62,7 +62,9 @@ def test_bad_limits_are_rejected_with_the_field_name(field: str, value: object) 
         SandboxLimits(**{field: value})
 
 
-@pytest.mark.parametrize("mode", MODES[:2])  # the fallback chain sets no IPC namespace limits
+# The fallback chain sets them as root only (in the mount namespace it makes before dropping to the sandbox's uid).
+@pytest.mark.parametrize("mode", [*MODES[:2], pytest.param({"use_bubblewrap": False}, id="chain",
+                                                           marks=needs_private_uid)])
 def test_sysv_shared_memory_is_capped_by_the_ipc_namespace_limits(mode: dict[str, bool]) -> None:
     limits = dataclasses.replace(FAST, memory_bytes=512 << 20, total_memory_bytes=256 << 20)
     with Sandbox(limits, **mode) as box:
@@ -72,3 +74,4 @@ def test_sysv_shared_memory_is_capped_by_the_ipc_namespace_limits(mode: dict[str
         assert box.run("cat /proc/sys/kernel/shmall").stdout.strip() == str(limits.total_memory_bytes // 4096)
         raised = box.run("echo 1000000000 > /proc/sys/kernel/shmall; cat /proc/sys/kernel/shmall")
         assert raised.stdout.strip() == str(limits.total_memory_bytes // 4096), "commands cannot lift the limits"
+        assert box.protections().ipc_limits

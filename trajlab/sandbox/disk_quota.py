@@ -13,7 +13,7 @@ import contextlib
 import os
 import select
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trajlab.sandbox.errors import SandboxError
@@ -27,9 +27,11 @@ MOUNT_BASE_DIR = "/run/trajlab-sandboxes"
 _SHARED_WRITABLE = ("/var/tmp", "/dev/shm", "/run/lock", "/tmp")
 #: The mode of a sandbox's working directory and private tmp: its uid's alone (as ``mkdtemp`` makes one).
 DIR_MODE = 0o700
-# Run as root inside the command's new mount namespace: bind the sandbox's tmp over each shared writable directory
-# (one `mount` for all, from the sandbox's fstab: an exec per bind would halve throughput), then exec the rest of argv.
-_BIND_SCRIPT = 'mount --all --fstab "$1" || exit 125; shift; exec "$@"'
+# Run as root inside the command's new mount and IPC namespaces: bind the sandbox's tmp over each shared writable
+# directory (one `mount` for all, from the sandbox's fstab: an exec per bind would halve throughput), set the IPC
+# namespace's limits ("name=value ..." under /proc/sys; only root may change them there), then exec the rest of argv.
+_BIND_SCRIPT = ('mount --all --fstab "$1" || exit 125; for s in $2; do echo "${s#*=}" > "/proc/sys/${s%%=*}" || '
+                'exit 125; done; shift 2; exec "$@"')
 
 
 def mount_base_dir() -> str:
@@ -74,10 +76,13 @@ def fstab(source: Path, targets: Sequence[str]) -> str:
     return "".join(f"{escape(str(source))} {escape(target)} none bind 0 0\n" for target in targets)
 
 
-def mount_namespace_prefix(unshare: str, fstab_file: Path, *, network: bool) -> list[str]:
-    """argv that runs the rest in new mount, IPC (and network) namespaces, as root, with the fstab's binds in place."""
+def mount_namespace_prefix(unshare: str, fstab_file: Path, *, network: bool,
+                           sysctl: Mapping[str, int] | None = None) -> list[str]:
+    """argv that runs the rest in new mount, IPC (and network) namespaces, as root, with the fstab's binds in place
+    and the IPC namespace's limits ``sysctl`` (:func:`~trajlab.sandbox.limits.ipc_sysctls`) set."""
     net = ["--net"] if network else []
-    return [unshare, "--mount", "--ipc", *net, "--", SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab_file)]
+    settings = " ".join(f"{name}={value}" for name, value in (sysctl or {}).items())
+    return [unshare, "--mount", "--ipc", *net, "--", SHELL, "-c", _BIND_SCRIPT, "sh", str(fstab_file), settings]
 
 
 def unmount(path: str | Path) -> None:

@@ -220,7 +220,7 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         work_dir_quota=disk_quota or confine,  # with one bwrap per command, only where nsenter is set
         cgroup_limits=cgroup_host is not None,
         memory_cap=f"cgroup v{cgroup_host.version}" if cgroup_host is not None else "",
-        ipc_limits=ipc_limits,
+        ipc_limits=ipc_limits or (disk_quota and bwrap is None),  # the chain's root step sets them too
     )
     return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host,
                     nsenter)
@@ -260,7 +260,7 @@ def _server_python(bwrap_prefix: list[str]) -> str | None:
 
 def _can_mount_private_tmp(unshare: str | None, bwrap: str | None) -> bool:
     """Whether this host can give a sandbox a capped tmpfs (and, without bubblewrap, bind it over /tmp in a mount
-    namespace)."""
+    namespace and set the limits of an IPC namespace)."""
     try:
         with tempfile.TemporaryDirectory() as directory:
             if not mount_tmpfs(directory, size=1 << 20, inodes=64):
@@ -271,7 +271,8 @@ def _can_mount_private_tmp(unshare: str | None, bwrap: str | None) -> bool:
                 assert unshare is not None
                 fstab_file = Path(directory, "fstab")
                 fstab_file.write_text(fstab(Path(directory), ["/tmp"]))
-                return _works(mount_namespace_prefix(unshare, fstab_file, network=False))
+                return _works(mount_namespace_prefix(unshare, fstab_file, network=False,
+                                                     sysctl=ipc_sysctls(SandboxLimits())))
             finally:
                 unmount(directory)
     except OSError:

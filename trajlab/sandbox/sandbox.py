@@ -247,8 +247,9 @@ class Sandbox:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
         assert platform.unshare is not None
+        sysctl = ipc_sysctls(self.limits) if platform.protections.ipc_limits else None
         namespaces = mount_namespace_prefix(platform.unshare, fstab_path(self._root),
-                                            network=platform.protections.network_namespace)
+                                            network=platform.protections.network_namespace, sysctl=sysctl)
         return [*join, *rlimits, *namespaces, *identity, *argv]
 
     def _session_argv(self, pid_namespace: PidNamespace, server_source: int) -> list[str]:
