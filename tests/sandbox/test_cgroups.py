@@ -21,7 +21,9 @@ import pytest
 
 from trajlab.sandbox.cgroups import CGROUP_ROOT, HOST_LEAF, PARENT, SandboxCgroup, _move_processes, find_cgroup_host
 from trajlab.sandbox.errors import SandboxError
+from trajlab.sandbox.leases import Record
 from trajlab.sandbox.limits import SHELL
+from trajlab.sandbox.sweep import remove_leftovers
 
 NAME = "trajlab-sandbox-abc123"
 USER_SCOPE = "user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope"
@@ -159,3 +161,12 @@ def test_cgroup_v2_joining_the_leaf_move_cgroup_kill_and_removal_on_the_kernel()
         for directory in sorted((Path(path) for path, _, _ in os.walk(base)), key=lambda path: -len(path.parts)):
             with contextlib.suppress(OSError):
                 directory.rmdir()
+
+
+def test_cgroup_v2_file_writes_only_a_recorded_cgroup_goes_with_its_sandbox(tmp_path: Path) -> None:
+    """Exercises only the removal, on a fake cgroup root: what a lease recorded of a v2 sandbox (its cgroup's path,
+    which depends on where its host ran) is what cleanup and the sweep remove."""
+    directory = tmp_path / USER_SCOPE / PARENT / NAME
+    directory.mkdir(parents=True)
+    remove_leftovers(Record(root=str(tmp_path / NAME), cgroup=True, cgroup_dirs=(str(directory),)))
+    assert not directory.exists() and directory.parent.exists()
