@@ -158,8 +158,10 @@ def _spawn(request: dict, fds: list) -> int | None:
         actions = [(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in enumerate(fds)]
         return os.posix_spawnp(argv[0], argv, request["env"], file_actions=actions, setsid=True,
                                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    except OSError as exc:  # as a shell reports a command it cannot run
-        os.write(fds[2], f"{argv[0]}: {exc.strerror}\n".encode(errors="replace"))
+    except (OSError, ValueError) as exc:  # as a shell reports a command it cannot run; ValueError: a NUL byte or a
+        # lone surrogate, which no exec can pass (a command's fault: the server, and its namespace, must go on)
+        why = exc.strerror if isinstance(exc, OSError) else "an argument holds a NUL byte or a character with no bytes"
+        os.write(fds[2], f"{argv[0]}: {why}\n".encode(errors="replace"))
         return None
     finally:
         for fd in fds:

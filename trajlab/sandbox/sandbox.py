@@ -33,7 +33,7 @@ from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Lease, Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
-from trajlab.sandbox.process import SandboxResult, run_process
+from trajlab.sandbox.process import SandboxResult, run_process, unsendable
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
 from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
@@ -139,6 +139,8 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
+            if (refused := unsendable(argv, stdin)) is not None:
+                return refused
             if self._session is not None:
                 limited = [self._platform.prlimit, *rlimit_options(self.limits), "--", *argv]
                 return self._session.run(limited, stdin, self.limits)
