@@ -196,10 +196,29 @@ def _wipe(directories: list, libc: ctypes.CDLL) -> int:
         try:
             if mode is not None:
                 os.chmod(directory, mode)
-            left += _empty(directory, status.st_dev)[0]
+            left += _empty(directory, status.st_dev)[0] + _remove_xattrs(directory)
         except OSError:
             left += 1
     return left + _remove_ipc_objects(libc) + _clear_keyrings(libc)
+
+
+def _remove_xattrs(path: str) -> int:
+    """Remove the extended attributes of a directory that stays (its files' go with them); returns how many that
+    commands could have set (``user.*``, ACLs) are left. ``security.*`` and ``trusted.*`` need capabilities that
+    commands lack, and may be the system's own."""
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno == errno.EOPNOTSUPP:  # a file system without extended attributes: none to remove
+            return 0
+        raise
+    left = 0
+    for name in names:
+        try:
+            os.removexattr(path, name, follow_symlinks=False)
+        except OSError:
+            left += not name.startswith(("security.", "trusted."))
+    return left
 
 
 def _empty(directory: str, device: int) -> tuple:
