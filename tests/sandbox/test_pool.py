@@ -1,5 +1,6 @@
 """A sandbox given back to a :class:`SandboxPool` comes back to its next user as a new sandbox would, whatever its last
-user left: files anywhere it could write, unreadable directories, SysV and POSIX IPC objects, keys, daemons."""
+user left: files anywhere it could write, unreadable directories of any depth, extended attributes, SysV and POSIX IPC
+objects, keys, daemons."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ for place in (".", "/tmp", "/var/tmp", "/dev/shm", "d/e/f", "/tmp/x"):
 os.symlink("/etc/passwd", "link")
 os.mkfifo("fifo")
 socket.socket(socket.AF_UNIX).bind("sock")
+fd, locked = os.open("d/e", os.O_RDONLY), []
+for level in range(2500):  # deeper than any recursion limit, some levels unreadable
+    os.mkdir("deep", dir_fd=fd)
+    fd, parent = os.open("deep", os.O_RDONLY, dir_fd=fd), fd
+    (locked if level % 500 == 0 else []).append(parent)
+    if parent not in locked:
+        os.close(parent)
+for parent in locked:
+    os.fchmod(parent, 0)
 os.chmod("d/e", 0)
 os.chmod("d", 0)
 os.chmod(".", 0o777)
