@@ -4,6 +4,7 @@ next start-up sweep removes what was left)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.helpers import FAST, MODES, leftovers, needs_bwrap, needs_private_uid, running
+from tests.sandbox.helpers import FAST, MODES, leftovers, needs_bwrap, needs_private_uid, run_as_nobody, running
 from trajlab.sandbox import Sandbox
 from trajlab.sandbox.cgroups import CGROUP_ROOT, PARENT
 from trajlab.sandbox.leases import Lease, Record, lease_dir
@@ -200,7 +201,74 @@ def test_a_leftover_that_cannot_be_removed_is_quarantined_and_blocks_no_sandbox(
     assert quarantined.stat().st_mode & 0o777 == 0o700 and quarantined.stat().st_uid == os.geteuid()
     assert str(quarantined) in caplog.text and type(failure).__name__ in caplog.text
     assert not lease.path.exists() and lease.path.with_suffix(".quarantined").exists()
+    lease.path.with_suffix(".quarantined").unlink()  # as the person would, having looked
     monkeypatch.undo()
     assert sweep_module.sweep.__wrapped__() == 0, "a later sweep does not meet it again"
     with Sandbox(FAST) as box:
         assert box.run("echo ok").stdout == "ok\n"
+
+
+# As an unprivileged host (no tmpfs of its own: per command, the files lie on its disk): what a command made, of any
+# depth and mode, and with a NUL byte in a command, in each mode; and what a pool's wipe leaves, as JSON.
+UNPRIVILEGED = """
+import json, os
+from trajlab.sandbox import Sandbox, SandboxLimits
+from trajlab.sandbox.pool import SandboxPool
+from tests.sandbox.test_sweep import DEEP
+limits = SandboxLimits(wall_timeout_s=20.0)
+report = {}
+for name, options in {"bwrap": {}, "bwrap_per_command": {"reuse_namespaces": False},
+                      "chain": {"use_bubblewrap": False}}.items():
+    box, report[name] = Sandbox(limits, **options), {}
+    box.write_file("deep.py", DEEP)
+    made = box.run("python3 deep.py")
+    report[name]["made"] = made.stdout + made.stderr
+    try:
+        nul = box.run("echo a\\0b")
+        report[name]["nul"] = [nul.exit_code, box.read_file("deep.py") == DEEP.encode()]
+    except Exception as exc:
+        report[name]["nul"] = repr(exc)[:200]
+    try:
+        box.cleanup()
+    except Exception as exc:
+        report[name]["cleanup"] = repr(exc)[:200]
+    report[name]["left"] = os.path.exists(box.path)
+with SandboxPool(limits, keep=1) as pool:  # bwrap only: a sandbox per command is never reused
+    box = pool.acquire()
+    box.write_file("deep.py", DEEP)
+    box.run("python3 deep.py")
+    box.run("python3 -c 'import os; [os.setxattr(p, \\"user.stash\\", b\\"x\\") for p in (\\".\\", \\"/tmp\\")]'")
+    pool.release(box)
+    again = pool.acquire()
+    seen = again.run("python3 -c 'import os; print(os.listdir(), os.listxattr(\\".\\"), os.listxattr(\\"/tmp\\"))'")
+    report["pool"] = {"reused": again is box, "seen": seen.stdout + seen.stderr}
+    pool.release(again)
+print(json.dumps(report))
+"""
+
+# A tree deeper than any recursion limit (and longer than PATH_MAX) in the command's working directory, every 500th
+# level unreadable.
+DEEP = """
+import os
+fd, locked = os.open(".", os.O_RDONLY), []
+for level in range(2500):
+    os.mkdir("deep", dir_fd=fd)
+    fd, parent = os.open("deep", os.O_RDONLY, dir_fd=fd), fd
+    if level % 500 == 1:
+        locked.append(parent)
+    else:
+        os.close(parent)
+for parent in locked:
+    os.fchmod(parent, 0)
+print("made")
+"""
+
+
+@needs_bwrap
+def test_an_unprivileged_host_removes_any_tree_and_survives_a_nul_byte_in_every_mode() -> None:
+    done = run_as_nobody(["-c", UNPRIVILEGED], timeout_s=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    each = {"made": "made\n", "nul": [127, True], "left": False}
+    expected = {"bwrap": each, "bwrap_per_command": each, "chain": each, "pool": {"reused": True, "seen": "[] [] []\n"}}
+    assert report == expected, json.dumps(report, indent=1)
