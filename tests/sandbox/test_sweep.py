@@ -228,6 +228,11 @@ for name, options in {"bwrap": {}, "bwrap_per_command": {"reuse_namespaces": Fal
         report[name]["nul"] = [nul.exit_code, box.read_file("deep.py") == DEEP.encode()]
     except Exception as exc:
         report[name]["nul"] = repr(exc)[:200]
+    box.run("chmod 0 deep.py")
+    try:
+        box.read_file("deep.py")
+    except Exception as exc:  # the host's own uid, without root's override
+        report[name]["unreadable"] = type(exc).__name__
     try:
         box.cleanup()
     except Exception as exc:
@@ -269,6 +274,6 @@ def test_an_unprivileged_host_removes_any_tree_and_survives_a_nul_byte_in_every_
     done = run_as_nobody(["-c", UNPRIVILEGED], timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    each = {"made": "made\n", "nul": [127, True], "left": False}
+    each = {"made": "made\n", "nul": [127, True], "unreadable": "SandboxPathError", "left": False}
     expected = {"bwrap": each, "bwrap_per_command": each, "chain": each, "pool": {"reused": True, "seen": "[] [] []\n"}}
     assert report == expected, json.dumps(report, indent=1)

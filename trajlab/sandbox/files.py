@@ -73,7 +73,7 @@ def read_file(directory: Path, path: InsidePath) -> bytes:
 @contextlib.contextmanager
 def _open_dir(directory: Path, path: InsidePath, *, create: bool, owner: int | None) -> Iterator[int]:
     """An fd of the directory holding ``path``, walked one component at a time without following links."""
-    fd = os.open(directory, _DIR_FLAGS)
+    fd = _open_at(str(directory), None, _DIR_FLAGS, path.text)
     try:
         for part in path.parts[:-1]:
             made = create and _mkdir_at(part, fd)
@@ -115,7 +115,7 @@ def _mkdir_at(name: str, dir_fd: int) -> bool:
     return True
 
 
-def _open_at(name: str, dir_fd: int, flags: int, path: str, mode: int = 0o600) -> int:
+def _open_at(name: str, dir_fd: int | None, flags: int, path: str, mode: int = 0o600) -> int:
     try:
         return os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -123,4 +123,7 @@ def _open_at(name: str, dir_fd: int, flags: int, path: str, mode: int = 0o600) -
             raise SandboxPathError(f"{path!r} goes through a symlink or a non-directory") from exc
         if exc.errno in (errno.ENXIO, errno.EISDIR):  # replaced by a FIFO, socket or directory since its lstat
             raise SandboxPathError(f"{path!r} is not a regular file of the sandbox") from exc
+        if exc.errno == errno.EACCES:  # a host without root, whose uid commands share, meets their chmod
+            raise SandboxPathError(f"{path!r}: a command took away the permission to open it (or a directory on "
+                                   "the way)") from exc
         raise
