@@ -27,14 +27,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import re
 import signal
 import socket
 import stat
-import struct
 import sys
 
 TYPE_CHECKING = False
@@ -137,16 +135,23 @@ def _confine(libc: ctypes.CDLL, setup: dict) -> None:
     os.chdir(os.getcwd())  # the working directory as mounted now, not the one bwrap entered under it
 
 
-def top_mounts_below(directory: str) -> list:
-    """The mount points strictly below ``directory`` that are not below another of them (``/proc/self/mountinfo``:
-    the fifth field, with spaces and the like octal-escaped)."""
-    found = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), line.split()[4])
-            if point.startswith(directory.rstrip("/") + "/") and not any(point.startswith(f"{top}/") for top in found):
-                found.append(point)
+def top_mounts_below(directory: str, points: list[str] | None = None) -> list[str]:
+    """The mount points strictly below ``directory`` that are not below another of them, among ``points`` (None:
+    this namespace's, :func:`mount_points`)."""
+    found: list[str] = []
+    for point in mount_points() if points is None else points:
+        if point.startswith(directory.rstrip("/") + "/") and not any(point.startswith(f"{top}/") for top in found):
+            found.append(point)
     return found
+
+
+def mount_points() -> list[str]:
+    """This mount namespace's mount points, in mount order (``/proc/self/mountinfo``: the fifth field, with spaces and
+    the like octal-escaped)."""
+    with open("/proc/self/mountinfo") as mountinfo:
+        fields = [line.split()[4] for line in mountinfo]
+    return [re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field) if "\\" in field else field
+            for field in fields]
 
 
 def _write(path: str, text: str) -> None:
@@ -201,7 +206,7 @@ def _kill_the_rest() -> None:
 def _wipe(directories: list, libc: ctypes.CDLL) -> int:
     """Delete what commands left in ``directories`` (each emptied and given its mode; none: keep it), in SysV IPC and
     in keyrings; returns how many things could not be removed. Nothing else runs: no file changes meanwhile."""
-    left, seen = 0, set()
+    left, seen, points = 0, set(), mount_points()
     for directory, mode in directories:
         status = os.stat(directory)
         if (status.st_dev, status.st_ino) in seen:  # /tmp, /var/tmp and /dev/shm may be one directory
@@ -210,7 +215,7 @@ def _wipe(directories: list, libc: ctypes.CDLL) -> int:
         try:
             if mode is not None:
                 os.chmod(directory, mode)
-            left += empty_around_mounts(directory) + _remove_xattrs(directory)
+            left += empty_around_mounts(directory, points) + _remove_xattrs(directory)
         except OSError:
             left += 1
     return left + _remove_ipc_objects(libc) + _clear_keyrings(libc)
@@ -235,11 +240,12 @@ def _remove_xattrs(path: str) -> int:
     return left
 
 
-def empty_around_mounts(directory: str) -> int:
-    """Delete everything below ``directory`` but the mount points there (another sandbox's working directory, bound
-    below /tmp, say) and the directories on the way to them; returns how many entries could not be deleted."""
+def empty_around_mounts(directory: str, points: list[str]) -> int:
+    """Delete everything below ``directory`` but the mount points there, among ``points`` (another sandbox's working
+    directory, bound below /tmp, say), and the directories on the way to them; returns how many entries could not be
+    deleted."""
     keep: dict[str, set[str]] = {directory: set()}
-    for mount in top_mounts_below(directory):
+    for mount in top_mounts_below(directory, points):
         while mount.rstrip("/") != directory.rstrip("/"):
             mount, name = os.path.split(mount)
             keep.setdefault(mount, set()).add(name)
@@ -373,10 +379,12 @@ def _clear_flags(dir_fd: int, name: str | None = None) -> bool:
                     not stat.S_ISDIR(mode):
                 return False
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        flags = struct.unpack("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(4)))[0]
+        import fcntl  # here: only root's rare retry needs it, and each import slows every server's start
+
+        flags = int.from_bytes(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(4)), sys.byteorder)
         if not flags & _UNDELETABLE_FLAGS:
             return False
-        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, struct.pack("i", flags & ~_UNDELETABLE_FLAGS))
+        fcntl.ioctl(fd, _FS_IOC_SETFLAGS, (flags & ~_UNDELETABLE_FLAGS).to_bytes(4, sys.byteorder))
         return True
     except OSError:  # no flags on this file system, or not root
         return False
