@@ -162,3 +162,19 @@ def test_a_sandbox_whose_wipe_leaves_something_is_cleaned_up() -> None:
         replacement = pool.acquire()
         assert replacement is not box
         pool.release(replacement)
+
+
+@needs_bwrap
+def test_times_a_last_user_set_on_the_directories_that_stay_are_not_handed_on() -> None:
+    """A directory's access and modification times are 16 bytes a user may set at will: left on the directories that
+    stay (the working directory and the tmp directories, with nothing in them to delete), the next user read them."""
+    places = ". /tmp /var/tmp /dev/shm"
+    with SandboxPool(FAST, keep=1) as pool:
+        box = pool.acquire()
+        assert box.run(f"touch -d @1000000000 {places}").exit_code == 0
+        assert box.run(f"stat -c %X%Y {places}").stdout.split() == ["10000000001000000000"] * 4
+        pool.release(box)
+        again = pool.acquire()
+        assert again is box
+        assert "1000000000" not in again.run(f"stat -c %X%Y {places}").stdout
+        pool.release(again)

@@ -204,8 +204,9 @@ def _kill_the_rest() -> None:
 
 
 def _wipe(directories: list, libc: ctypes.CDLL) -> int:
-    """Delete what commands left in ``directories`` (each emptied and given its mode; none: keep it), in SysV IPC and
-    in keyrings; returns how many things could not be removed. Nothing else runs: no file changes meanwhile."""
+    """Delete what commands left in ``directories`` (each emptied and its extended attributes removed; given its mode,
+    and its times set to now, unless the mode is None), in SysV IPC and in keyrings; returns how many things could not
+    be removed. Nothing else runs: no file changes meanwhile."""
     left, seen, points = 0, set(), mount_points()
     for directory, mode in directories:
         status = os.stat(directory)
@@ -213,9 +214,11 @@ def _wipe(directories: list, libc: ctypes.CDLL) -> int:
             continue
         seen.add((status.st_dev, status.st_ino))
         try:
-            if mode is not None:
+            if mode is not None:  # first: a command may have made it unreadable
                 os.chmod(directory, mode)
             left += empty_around_mounts(directory, points) + _remove_xattrs(directory)
+            if mode is not None:
+                os.utime(directory)  # times a command set (16 bytes of its choosing) are not handed on
         except OSError:
             left += 1
     return left + _remove_ipc_objects(libc) + _clear_keyrings(libc)
