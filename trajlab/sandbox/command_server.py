@@ -260,6 +260,7 @@ def remove_tree(path: str) -> int:
     many entries could not be deleted."""
     parent, name = os.open(os.path.dirname(path) or ".", _DIR_OPEN), os.path.basename(path)
     try:
+        # readable (a command may have taken that away), and never a symlink
         os.close(_open_dir(parent, name, os.stat(name, dir_fd=parent, follow_symlinks=False).st_dev))
         if left := empty_tree(path):
             return left
