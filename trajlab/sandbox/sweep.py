@@ -68,7 +68,7 @@ def remove_leftovers(record: Record) -> None:
 
 @functools.cache
 def sweep() -> int:
-    """Remove what sandboxes of dead owners left (once per process, before its first sandbox); how many there were.
+    """Remove what sandboxes of dead owners left (once per process, before its first sandbox); how many were removed.
     What cannot be removed is quarantined (logged), never raised."""
     swept = 0
     for lease in unlocked_leases():
@@ -77,7 +77,7 @@ def sweep() -> int:
         except BaseException:  # KeyboardInterrupt, say
             lease.release(clean=False)  # kept, for its owner's next sweep or a person to read
             raise
-        swept += cleared is not None
+        swept += cleared is True
         lease.release(clean=cleared is not False)  # a quarantined one's file was renamed
     return swept
 
@@ -101,11 +101,16 @@ def new_lease(private_uid: bool) -> Lease:
 
 def clear_left_over(lease: Lease) -> bool | None:
     """Remove what the dead last holder of ``lease`` left: None when it left nothing, True when that was removed,
-    False when it could not be (whatever was raised, even RecursionError): then it is logged and quarantined."""
-    record = None
+    False when it could not be (whatever was raised, even RecursionError): then it is logged and quarantined. A lease
+    this version cannot read (another trajlab's, say) is logged and kept as it is, for a sweep that can: False."""
     try:
-        if (record := lease.left_over()) is None:
-            return None
+        record = lease.left_over()
+    except Exception as exc:
+        logger.warning("%s; kept for a later sweep", exc)
+        return False
+    if record is None:
+        return None
+    try:
         remove_leftovers(record)
         return True
     except Exception as exc:  # one stuck sandbox must not keep this user from making sandboxes
@@ -113,10 +118,10 @@ def clear_left_over(lease: Lease) -> bool | None:
         return False
 
 
-def _quarantine(lease: Lease, record: Record | None, exc: Exception) -> None:
+def _quarantine(lease: Lease, record: Record, exc: Exception) -> None:
     """Set the lease file and the recorded directory aside, where no sweep looks, private to the host's user."""
     where = "no directory"
-    if record is not None and (root := Path(record.root)).name.startswith(DIR_PREFIX) and os.path.lexists(root):
+    if (root := Path(record.root)).name.startswith(DIR_PREFIX) and os.path.lexists(root):
         where = str(root)
         with contextlib.suppress(OSError):  # a mount point that would not go (EBUSY) stays where it is
             root = root.rename(root.with_name(QUARANTINE_PREFIX + root.name.removeprefix(DIR_PREFIX)))
