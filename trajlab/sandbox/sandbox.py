@@ -31,12 +31,12 @@ from trajlab.sandbox.disk_quota import (
 )
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
-from trajlab.sandbox.leases import Lease, Record
+from trajlab.sandbox.leases import Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
-from trajlab.sandbox.process import SandboxResult, run_process
+from trajlab.sandbox.process import SandboxResult, run_process, unsendable
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
-from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
+from trajlab.sandbox.sweep import DIR_PREFIX, new_lease, remove_leftovers, sweep
 from trajlab.sandbox.uids import identity_prefix, kill_uid, require_readable, require_traversable
 
 
@@ -74,11 +74,9 @@ class Sandbox:
         self._cgroup: SandboxCgroup | None = None
         self._session: CommandSession | None = None
         sweep()
-        self._lease = Lease.for_new_uid() if protections.private_uid else Lease.anonymous()
+        self._lease = new_lease(protections.private_uid)  # the uid's last holder may have died after the sweep
         self._mounted = protections.disk_quota
         try:
-            if (left := self._lease.left_over()) is not None:
-                remove_leftovers(left)  # the uid's last holder died after this process's start-up sweep
             if self._mounted and base_dir is None:
                 base_dir = mount_base_dir()
             self._root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base_dir)).resolve()
@@ -139,6 +137,8 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
+            if (refused := unsendable(argv, stdin)) is not None:
+                return refused
             if self._session is not None:
                 limited = [self._platform.prlimit, *rlimit_options(self.limits), "--", *argv]
                 return self._session.run(limited, stdin, self.limits)
