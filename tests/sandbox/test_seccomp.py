@@ -175,3 +175,14 @@ def test_without_the_binding_the_filter_is_reported_missing() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert MissingProtection.__name__ in done.stderr and "seccomp filter" in done.stderr, done.stderr
+
+
+def test_only_the_default_personalities_can_be_set() -> None:
+    """Linux and 32-bit Linux (``linux32``) may be set, and asked for; no other bit, with bit 31 set or not (the
+    kernel reads 32 bits: 0x80040000 would switch address space randomisation off as 0x40000 does)."""
+    script = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+              "print(*[libc.personality(ctypes.c_ulong(p)) >= 0 or ctypes.get_errno() "
+              "for p in (8, 0, 0xffffffff, 0x40000, 0x80040000, 0x400000, 0x1)])")
+    with Sandbox(FAST) as box:
+        result = box.run(["python3", "-c", script])
+    assert result.stdout.split() == ["True", "True", "True"] + [str(errno.EPERM)] * 4, result.stderr

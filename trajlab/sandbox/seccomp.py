@@ -47,6 +47,8 @@ NAMESPACE_FLAGS = (0x00000080, 0x00020000, 0x02000000, 0x04000000, 0x08000000, 0
 PERSONALITY_BITS = 0x20008
 #: The ABIs a process of each machine can enter the kernel through besides its own.
 _COMPAT_ARCHES = {"x86_64": ("X86", "X32"), "aarch64": ("ARM",)}
+#: Which argument of ``clone`` holds its flags: the first, but on s390x, where the stack comes first.
+_CLONE_FLAGS_ARG = {"s390x": 1}.get(platform.machine(), 0)
 _UNKNOWN = -1  # libseccomp's number for a name it does not know (one a machine lacks gets another negative number)
 
 
@@ -66,7 +68,7 @@ def filter_program() -> bytes | None:
         if seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) != _UNKNOWN:  # an older libseccomp may lack a name
             rules.add_rule(refuse, name)
     for flag in NAMESPACE_FLAGS:
-        rules.add_rule(refuse, "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag))
+        rules.add_rule(refuse, "clone", seccomp.Arg(_CLONE_FLAGS_ARG, seccomp.MASKED_EQ, flag, flag))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
     # libseccomp compares an argument once per rule: one rule per bit. Bit 31 clear: a bit no allowed personality
     # sets; bit 31 set: any other bit clear (0xffffffff alone has them all).
