@@ -19,7 +19,10 @@ Started without root's tmpfs (see :func:`trajlab.sandbox.bwrap.bwrap_argv`, ``co
 and so every command: as its user namespace's root it mounts ``/tmp``, ``/var/tmp`` and ``/dev/shm`` as tmpfs capped
 in bytes and inodes (bwrap's own tmpfs has no inode cap), then enters a nested user namespace, its parent allowed no
 other, mapped to the host user's ids, and drops every capability for good: commands cannot unmount those caps or
-make user namespaces. One bwrap per command runs the same steps, then the command, with ``--exec SETUP ARGV...``.
+make user namespaces. Last, it loads the sandbox's system-call filter (:mod:`trajlab.sandbox.seccomp`), which
+refuses the calls that setup needed, for itself and every command. One bwrap per command runs the same steps with
+``--exec SETUP ARGV...``, then runs the command as its child, staying the namespace's init: PID 1 is then a process
+commands cannot trace or read, not bwrap's own init, which runs as their uid and is dumpable.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ _IPC_RMID = 0
 _KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 280, "s390x": 280}.get(os.uname().machine)
 _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_CLEAR, _KEYCTL_LINK, _KEYCTL_GET_PERSISTENT = 1, 7, 8, 22
 _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
-_NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP)  # a kernel without (persistent) keyrings has none to wipe
+#: A kernel without (persistent) keyrings has none to wipe; nor has one where a seccomp filter refuses keyrings (the
+#: sandbox's own, loaded before any command runs, or a container's around the host).
+_NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 0x1000, 0x4000
 _CLONE_NEWUSER = 0x10000000
 _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
@@ -60,6 +65,8 @@ _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FS_IOC_GETFLAGS = 2 << 30 | ctypes.sizeof(ctypes.c_long) << 16 | ord("f") << 8 | 1
 _FS_IOC_SETFLAGS = 1 << 30 | ctypes.sizeof(ctypes.c_long) << 16 | ord("f") << 8 | 2
 _UNDELETABLE_FLAGS = 0x10 | 0x20
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_SIGNAL_STATUS_BASE = 128  # bwrap's exit status for a command killed by signal N: 128 + N
 #: What bwrap must grant the server for :func:`_confine` (it keeps none of them).
 CONFINE_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SYS_RESOURCE", "CAP_SETPCAP", "CAP_SETFCAP")
 
@@ -71,12 +78,14 @@ def main() -> None:
     # Commands inherit this process's session keyring: a new, empty one, not the one of whoever started bwrap.
     if _keyctl(libc, _KEYCTL_JOIN_SESSION_KEYRING, 0) < 0 and ctypes.get_errno() not in _NO_KEYRINGS:
         sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
-    _confine(libc, json.loads(sys.argv[2]))
-    if sys.argv[1] == "--exec":
-        os.execvp(sys.argv[3], sys.argv[3:])
+    setup = json.loads(sys.argv[2])
+    _confine(libc, setup)
+    _filter_system_calls(libc, setup)
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.argv[1] == "--exec":
+        sys.exit(_run_as_init(libc, sys.argv[3:]))
     # The host's way to end a command that ran out of time, keeping the namespace (and its files) for the next one.
     # Commands can send it too: it kills only them.
     signal.signal(signal.SIGUSR1, _kill_all_but_me)
@@ -133,6 +142,41 @@ def _confine(libc: ctypes.CDLL, setup: dict) -> None:
     header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
     _check(libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
     os.chdir(os.getcwd())  # the working directory as mounted now, not the one bwrap entered under it
+
+
+class _Program(ctypes.Structure):
+    """``struct sock_fprog``: a BPF program's length in instructions (8 bytes each) and its address."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _filter_system_calls(libc: ctypes.CDLL, setup: dict) -> None:
+    """Load ``setup["seccomp"]`` (a BPF program, in hex) for this process and everything it starts; exits the
+    process when it cannot: a command must never run unfiltered where the host asked for the filter."""
+    if "seccomp" not in setup:
+        return
+    code = bytes.fromhex(setup["seccomp"])
+    buffer = ctypes.create_string_buffer(code)
+    program = _Program(len(code) // 8, ctypes.addressof(buffer))
+    _check(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0), "loading the seccomp filter")
+
+
+def _run_as_init(libc: ctypes.CDLL, argv: list) -> int:
+    """Run ``argv`` as this process's child, reaping whatever else ends up ours meanwhile (as the namespace's init,
+    orphans do); its exit status as bwrap gives it (128 + N for signal N). Not dumpable: commands, which run as this
+    uid, cannot trace it or read its memory, environment or descriptors."""
+    _check(libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ, setsid=True, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    except OSError as exc:  # as a shell reports a command it cannot run
+        print(f"{argv[0]}: {exc.strerror}", file=sys.stderr)
+        return _CANNOT_RUN >> 8
+    while True:
+        reaped, status = os.wait()
+        if reaped == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return _SIGNAL_STATUS_BASE - code if code < 0 else code
 
 
 def top_mounts_below(directory: str, points: list[str] | None = None) -> list[str]:

@@ -25,6 +25,7 @@ from trajlab.sandbox.bwrap import bwrap_argv
 from trajlab.sandbox.disk_quota import fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL
+from trajlab.sandbox.seccomp import filter_program
 from trajlab.sandbox.session import confined_exec_argv, confinement
 from trajlab.sandbox.uids import SANDBOX_UID_RANGE, identity_prefix
 
@@ -69,10 +70,15 @@ class Protections:
     work_dir_quota: bool = False
     #: Each sandbox is a cgroup: its processes together get ``total_memory_bytes`` and ``max_processes``.
     cgroup_limits: bool = False
+    #: Commands under bubblewrap run with a seccomp filter refusing io_uring, keyrings, ptrace, bpf, perf events,
+    #: userfaultfd, mounts, namespaces and the other calls container runtimes refuse (:mod:`trajlab.sandbox.seccomp`).
+    seccomp_filter: bool = False
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
-        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)"}
+        needed = {"bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)",
+                  "seccomp_filter": "the seccomp filter needs libseccomp (apt-get install libseccomp2), the pyseccomp "
+                                    "package and a Python 3.9+ in /usr that commands see"}
         if os.geteuid() == 0:
             needed |= {"private_uid": "setpriv (util-linux) must switch to uids in SANDBOX_UID_RANGE",
                        "disk_quota": "root must be able to mount a tmpfs (not possible in this container)"}
@@ -93,6 +99,8 @@ class Platform:
     server_python: str | None = None
     #: Without the sandbox's tmpfs, the command server confines itself (inode-capped tmp dirs, no user namespaces).
     confine: bool = False
+    #: The seccomp filter (a BPF program, in hex) the command server loads, where it works here.
+    seccomp_program: str | None = None
 
 
 #: The setting that lets an env needing strong isolation run without it (see :func:`require_strong_isolation`).
@@ -153,6 +161,8 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         [*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20, confine=True)],
         command=(*confined_exec_argv(server_python, confinement(probe_uid if private_uid else None, 1 << 20, 64)),
                  SHELL, "-c", ":"))
+    seccomp = _seccomp_program([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)],
+                               server_python) if bwrap is not None and server_python is not None else None
     protections = Protections(
         private_uid=private_uid,
         process_cap=private_uid or not root or bwrap is not None,
@@ -165,8 +175,20 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         tmp_inode_quota=disk_quota or confine,
         work_dir_quota=disk_quota or confine,
         cgroup_limits=root and cgroups.available(),
+        seccomp_filter=seccomp is not None,
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, seccomp)
+
+
+def _seccomp_program(bwrap_prefix: list[str], python: str) -> str | None:
+    """The seccomp filter (in hex) where it builds here and a command under it is refused ``unshare(0)``, a no-op
+    that succeeds without it."""
+    program = filter_program()
+    if program is None:
+        return None
+    refused = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0) + 1)"
+    command = (*confined_exec_argv(python, {"seccomp": program.hex()}), python, "-I", "-S", "-c", refused)
+    return program.hex() if _works(bwrap_prefix, command=command) else None
 
 
 def _server_python(bwrap_prefix: list[str]) -> str | None:

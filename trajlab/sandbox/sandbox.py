@@ -106,6 +106,8 @@ class Sandbox:
             self._work_in_namespace = self._confine and server
             self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes,
                                       work=self.path if self._work_in_namespace else None) if self._confine else {}
+            if self._platform.seccomp_program is not None:  # loaded by the server (or --exec) once set up
+                self._setup["seccomp"] = self._platform.seccomp_program
             if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
                                                env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
@@ -227,7 +229,7 @@ class Sandbox:
             # The rlimits apply inside, where RLIMIT_NPROC counts only the processes of the command's own user
             # namespace. Without a Python inside, the command keeps the session keyring of whoever started bwrap.
             confined = [] if platform.server_python is None else confined_exec_argv(platform.server_python, self._setup)
-            return [*self._bwrap_prefix(pid_namespace), *confined, *rlimits, *argv]
+            return [*self._bwrap_prefix(pid_namespace, init=bool(confined)), *confined, *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
@@ -240,14 +242,15 @@ class Sandbox:
         """What starts the sandbox's long-lived bwrap, up to the command server's argv."""
         return self._bwrap_prefix(pid_namespace, server=(server_source, SERVER_INSIDE))
 
-    def _bwrap_prefix(self, pid_namespace: PidNamespace | None, server: tuple[int, str] | None = None) -> list[str]:
+    def _bwrap_prefix(self, pid_namespace: PidNamespace | None, server: tuple[int, str] | None = None,
+                      init: bool = False) -> list[str]:
         """Root joins the cgroups and drops to the sandbox uid, then bwrap makes the namespaces."""
         assert self._platform.bwrap is not None
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
-                         confine=self._confine, read_only=self._read_only)
+                         confine=self._confine, read_only=self._read_only, init=init)
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
 
     def _kill_leftovers(self) -> None:
