@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyseccomp
 import pytest
 
 from tests.sandbox.attack_driver import OTHER_FLAG, run_attacks
@@ -87,6 +89,36 @@ def _fill(directory: str) -> str:
 
 def _connect(address: str, family: str = "AF_INET") -> str:
     return _python(f"import socket; s = socket.socket(socket.{family}); s.settimeout(2); s.connect({address})")
+
+
+def _refused(*calls: tuple[str, ...]) -> str:
+    """A command making each system call (name, integer arguments; ``pid``: its own) and printing its errno (0: it
+    succeeded): the arguments make each succeed, or fail with another errno than EPERM, without the seccomp filter."""
+    numbered = [[pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, name), *args] for name, *args in calls]
+    return _python("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+                   "arg = lambda a: ctypes.c_long(os.getpid() if a == 'pid' else a); "
+                   "error = lambda call: 0 if libc.syscall(*map(arg, call)) >= 0 else ctypes.get_errno(); "
+                   f"print(*map(error, {numbered}))")
+
+
+def _all_eperm(count: int) -> Check:
+    return lambda result, _: result["stdout"].split() == ["1"] * count
+
+
+#: unshare(0), a no-op, through the 32-bit ABI (int 0x80, i386 call 310): its errno (0: it succeeded).
+_INT_0X80 = _python(
+    "import ctypes, mmap; page = mmap.mmap(-1, mmap.PAGESIZE, prot=7); "
+    "page.write(bytes.fromhex('b836010000' '31db' 'cd80' 'c3')); "  # mov eax, 310; xor ebx, ebx; int 0x80; ret
+    "print(-ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))())")
+#: What a command can get of PID 1: trace it (PTRACE_SEIZE, PTRACE_ATTACH), read its memory and environment.
+_PID_1 = _python("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+                 "[print(libc.ptrace(ctypes.c_long(r), ctypes.c_long(1), None, None), ctypes.get_errno()) "
+                 "for r in (0x4206, 16)]") + "; head -c 100 /proc/1/mem /proc/1/environ 2>&1"
+
+
+def _pid_1_untouched(result: dict[str, Any], _: dict[str, Any]) -> bool:
+    lines = result["stdout"].splitlines()
+    return lines[:2] == ["-1 1", "-1 1"] and result["stdout"].count("Permission denied") == 2
 
 
 ATTACKS = [
@@ -163,6 +195,20 @@ ATTACKS = [
            lambda result, _: {line.split()[1] for line in result["stdout"].splitlines()} == {"0" * 16}),
     Attack("join_the_host_cgroup", "echo $$ > /sys/fs/cgroup/pids/cgroup.procs", _failed),
     Attack("hostname", "hostname pwned", lambda result, _: True),
+    # The kernel's attack surface: the seccomp filter answers EPERM.
+    Attack("io_uring", _refused(("io_uring_setup", 1, 0), ("io_uring_enter", -1, 0, 0, 0, 0, 0),
+                                ("io_uring_register", -1, 0, 0, 0)), _all_eperm(3)),
+    Attack("keyrings", _refused(("keyctl", 0, -3, 0), ("add_key", 0, 0, 0, 0, -3), ("request_key", 0, 0, 0, 0)),
+           _all_eperm(3)),
+    Attack("kernel_interfaces", _refused(("perf_event_open", 0, 0, -1, -1, 0), ("bpf", -1, 0, 0), ("userfaultfd", 3),
+                                         ("process_vm_readv", "pid", 0, 0, 0, 0, 0), ("kcmp", "pid", "pid", 0, 0, 0),
+                                         ("personality", 0x40000)), _all_eperm(6)),
+    Attack("new_namespaces", _refused(("unshare", 0), ("setns", -1, 0), ("clone", 0x10010000, 0, 0, 0, 0)),
+           _all_eperm(3)),
+    Attack("set_the_clock", _refused(("settimeofday", 0, 0), ("clock_settime", -1, 0), ("adjtimex", 0)), _all_eperm(3)),
+    Attack("the_32_bit_entry", _INT_0X80 if platform.machine() == "x86_64" else "echo 1", _all_eperm(1)),
+    Attack("trace_pid_1", _PID_1, _pid_1_untouched),
+    Attack("command_line_of_pid_1", r"tr '\0' ' ' < /proc/1/cmdline", _not_in_stdout("--info-fd", "--unshare-all")),
     # Outliving the command, and the host.
     Attack("setsid_daemon", f"setsid sleep 1000.{MARK} > /dev/null 2>&1 < /dev/null & sleep 0.2", lambda r, _: True),
     Attack("double_fork", f"(sh -c 'sleep 1001.{MARK}' > /dev/null 2>&1 &); sleep 0.2", lambda r, _: True),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
+import pytest
+
 from tests.sandbox.helpers import FAST, live_processes, needs_bwrap
 from trajlab.sandbox import Sandbox, SandboxLimits
 
@@ -55,3 +57,21 @@ def test_nothing_of_a_killed_command_runs_once_its_call_returned() -> None:
             assert box.run(writer).timed_out
             assert live_processes(marker) == {}
         assert not box.path.exists()
+
+
+@pytest.mark.parametrize("command", ["echo a\0b", ["echo", "\ud800"], ["ech\0o"]], ids=["nul", "surrogate", "argv0"])
+def test_a_command_no_program_can_receive_is_the_commands_error_and_the_sandbox_goes_on(
+        sandbox: Sandbox, command: str | list[str]) -> None:
+    """A model's command with a NUL byte or a lone surrogate is an observation for the model (exit code 127, the
+    reason on stderr, as a shell reports a command it cannot run), not the machinery's error; files stay."""
+    sandbox.write_file("kept.txt", "kept")
+    result = sandbox.run(command)
+    assert result.exit_code == 127 and "NUL byte" in result.stderr and not result.timed_out, result
+    after = sandbox.run("cat kept.txt")
+    assert (after.exit_code, after.stdout) == (0, "kept")
+
+
+def test_stdin_with_a_lone_surrogate_is_the_commands_error(sandbox: Sandbox) -> None:
+    result = sandbox.run("cat", stdin="a\ud800b")
+    assert result.exit_code == 127 and "stdin" in result.stderr, result
+    assert sandbox.run("cat", stdin="fine\0bytes").stdout == "fine\0bytes", "a NUL byte is data on stdin"

@@ -93,3 +93,15 @@ def _cwd(pid: int) -> str:
     with contextlib.suppress(OSError):
         return os.readlink(f"/proc/{pid}/cwd")
     return ""
+
+
+@pytest.mark.parametrize("argument", ["a\0b", "\ud800"], ids=["nul", "surrogate"])
+def test_the_server_answers_a_command_it_cannot_start_and_goes_on(box: Sandbox, argument: str) -> None:
+    """Sandbox.run refuses such commands before they reach the server; should one reach it anyway, the server (PID 1,
+    holding the namespace and, unprivileged, the files) reports it as a shell would and survives."""
+    namespaces = box.run(NAMESPACES).stdout
+    session = box._session  # the server's own request path, below Sandbox.run's check
+    assert session is not None
+    result = session.run(["echo", argument], None, FAST)
+    assert result.exit_code == 127 and "echo" in result.stderr, result
+    assert box.run(NAMESPACES).stdout == namespaces, "the same server took the next command"

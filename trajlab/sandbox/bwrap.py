@@ -123,7 +123,7 @@ def _is_child(pid: int, *, of: int) -> bool:
 
 def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
                pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None,
-               confine: bool = False, read_only: tuple[str, ...] = ()) -> list[str]:
+               confine: bool = False, read_only: tuple[str, ...] = (), init: bool = False) -> list[str]:
     """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
 
     Args:
@@ -139,6 +139,9 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
             caps and then disables user namespaces and drops its capabilities itself: it starts as its user
             namespace's root with the capabilities that needs.
         read_only: more host paths the command sees read-only at the same path (a program's installation, say).
+        init: the command (the command server's ``--exec``) runs as the PID namespace's init, as ``server`` does,
+            instead of bwrap's own init, which commands could trace and read: it runs as their uid, dumpable, and
+            holds bwrap's argv.
     """
     info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
     if confine:
@@ -167,8 +170,10 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         argv += ["--ro-bind", path, path]
     if work is not None:
         argv += ["--bind", str(work), str(work)]
+    if server is not None or init:
+        argv += ["--as-pid-1"]
     if server is not None:
-        argv += ["--as-pid-1", "--ro-bind-data", str(server[0]), server[1]]
+        argv += ["--ro-bind-data", str(server[0]), server[1]]
     return [*argv, "--chdir", str(work or "/"), "--"]
 
 

@@ -11,7 +11,8 @@ class SandboxError(InfrastructureError):
 
 
 class SandboxPathError(ValueError):
-    """A path given to :meth:`Sandbox.write_file` / :meth:`Sandbox.read_file` would leave the sandbox directory."""
+    """A path given to :meth:`Sandbox.write_file` / :meth:`Sandbox.read_file` would leave the sandbox directory, names
+    no file (a NUL byte), or is not a regular file (a FIFO, directory, socket)."""
 
 
 class MissingProtection(UserError):

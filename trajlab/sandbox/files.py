@@ -33,8 +33,16 @@ def inside_path(path: str) -> InsidePath:
     """``path`` checked to be relative and free of ``..``.
 
     Raises:
-        SandboxPathError: the path is absolute, empty or climbs out with ``..``.
+        SandboxPathError: the path is absolute, empty, climbs out with ``..``, or holds a NUL byte or a character
+            with no bytes (a lone surrogate).
     """
+    try:
+        unnamable = b"\0" in os.fsencode(path)
+    except UnicodeEncodeError:
+        unnamable = True
+    if unnamable:
+        raise SandboxPathError(f"{path!r} cannot name a file: it holds a NUL byte or a character that has no bytes "
+                               "(a lone surrogate); give the path as plain text")
     parts = PurePosixPath(path).parts
     if not parts or PurePosixPath(path).is_absolute() or ".." in parts:
         raise SandboxPathError(f"{path!r} is not a relative path inside the sandbox directory")
@@ -65,7 +73,7 @@ def read_file(directory: Path, path: InsidePath) -> bytes:
 @contextlib.contextmanager
 def _open_dir(directory: Path, path: InsidePath, *, create: bool, owner: int | None) -> Iterator[int]:
     """An fd of the directory holding ``path``, walked one component at a time without following links."""
-    fd = os.open(directory, _DIR_FLAGS)
+    fd = _open_at(str(directory), None, _DIR_FLAGS, path.text)
     try:
         for part in path.parts[:-1]:
             made = create and _mkdir_at(part, fd)
@@ -80,12 +88,23 @@ def _open_dir(directory: Path, path: InsidePath, *, create: bool, owner: int | N
 
 
 def _open_file(name: str, dir_fd: int, flags: int, path: str) -> int:
+    """A regular file's descriptor; anything else there (a FIFO, which would block or fail with ENXIO, a directory,
+    a socket, a device) is refused before it is opened."""
+    with contextlib.suppress(FileNotFoundError):  # a new file, for a write
+        _require_regular(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), path)
     fd = _open_at(name, dir_fd, flags | _FILE_FLAGS, path)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    try:
+        _require_regular(os.fstat(fd), path)
+    except SandboxPathError:
         os.close(fd)
-        raise SandboxPathError(f"{path!r} is not a regular file of the sandbox")
+        raise
     return fd
+
+
+def _require_regular(info: os.stat_result, path: str) -> None:
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        raise SandboxPathError(f"{path!r} is not a regular file of the sandbox (a directory, FIFO, socket, symlink, "
+                               "device or a file hard-linked from elsewhere): only regular files are read or written")
 
 
 def _mkdir_at(name: str, dir_fd: int) -> bool:
@@ -96,10 +115,15 @@ def _mkdir_at(name: str, dir_fd: int) -> bool:
     return True
 
 
-def _open_at(name: str, dir_fd: int, flags: int, path: str, mode: int = 0o600) -> int:
+def _open_at(name: str, dir_fd: int | None, flags: int, path: str, mode: int = 0o600) -> int:
     try:
         return os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise SandboxPathError(f"{path!r} goes through a symlink or a non-directory") from exc
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # replaced by a FIFO, socket or directory since its lstat
+            raise SandboxPathError(f"{path!r} is not a regular file of the sandbox") from exc
+        if exc.errno == errno.EACCES:  # a host without root, whose uid commands share, meets their chmod
+            raise SandboxPathError(f"{path!r}: a command took away the permission to open it (or a directory on "
+                                   "the way)") from exc
         raise

@@ -51,6 +51,36 @@ class SandboxResult:
             return f"signal {-self.exit_code}"
 
 
+#: The exit code of a command that could not be started, as a shell reports one.
+CANNOT_RUN = 127
+
+
+def unsendable(argv: list[str], stdin: str | None) -> SandboxResult | None:
+    """The result of a command no program can receive, or None when it can be run.
+
+    Why: an argument with a NUL byte or a lone surrogate has no bytes that exec can pass (Python raises ValueError).
+    It is the command's own fault, e.g. a model's output, so the caller gets it as a failed command (exit code 127,
+    the reason on stderr), never as the sandbox's error, which would end the episode as ``error``.
+    """
+    if not all(_has_bytes(arg) and "\0" not in arg for arg in argv):
+        what = "command holds a NUL byte or a character with no bytes (a lone surrogate)"
+    elif stdin is not None and not _has_bytes(stdin):
+        what = "stdin holds a character with no bytes (a lone surrogate)"
+    else:
+        return None
+    return SandboxResult(exit_code=CANNOT_RUN, stdout="", stderr=f"sh: the {what}, which no program can receive\n",
+                         timed_out=False, stdout_truncated=False, stderr_truncated=False, wall_s=0.0)
+
+
+def _has_bytes(text: str) -> bool:
+    """Whether ``text`` encodes as arguments and stdin are passed (UTF-8, undecodable bytes kept as surrogates)."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def run_process(argv: list[str], stdin: str | None, *, cwd: Path, env: dict[str, str], limits: SandboxLimits,
                 kill_leftovers: Callable[[], None], pid_namespace: PidNamespace | None = None) -> SandboxResult:
     """Run ``argv`` in a new session and wait for it, within ``limits``' wall timeout and output cap.
@@ -140,7 +170,7 @@ def stdin_file(text: str | None) -> Iterator[IO[bytes]]:
             yield devnull
         return
     with tempfile.TemporaryFile() as file:
-        file.write(text.encode())
+        file.write(os.fsencode(text))  # as arguments are: bytes that were not UTF-8 kept
         file.seek(0)
         yield file
 

@@ -27,6 +27,7 @@ from trajlab.sandbox.cgroups import CgroupHost, host_cgroups
 from trajlab.sandbox.disk_quota import WorkTmpfs, fstab, mount_namespace_prefix, mount_tmpfs, unmount
 from trajlab.sandbox.errors import MissingProtection, SandboxError
 from trajlab.sandbox.limits import HELPER_TIMEOUT_S, SAFE_PATH, SHELL, SandboxLimits, ipc_sysctls
+from trajlab.sandbox.seccomp import filter_program
 from trajlab.sandbox.session import confined_exec_argv, confinement
 from trajlab.sandbox.uids import SANDBOX_UID_RANGE, identity_prefix
 
@@ -78,6 +79,9 @@ class Protections:
     #: ``fs.mqueue.*``), sized from ``total_memory_bytes``: SysV shared memory and message queues, which outlive
     #: the processes that made them, cannot take more (:func:`~trajlab.sandbox.limits.ipc_sysctls`).
     ipc_limits: bool = False
+    #: Commands under bubblewrap run with a seccomp filter refusing io_uring, keyrings, ptrace, bpf, perf events,
+    #: userfaultfd, mounts, namespaces and the other calls container runtimes refuse (:mod:`trajlab.sandbox.seccomp`).
+    seccomp_filter: bool = False
 
     def missing_for_strong_isolation(self) -> list[str]:
         """The protections an env running model-written code needs that this machine lacks, each with its fix."""
@@ -87,6 +91,8 @@ class Protections:
 #: What strong isolation needs on every host, each with its fix; as root, :data:`_NEEDED_AS_ROOT` too.
 _NEEDED = {
     "bubblewrap": "install bubblewrap (apt-get install bubblewrap; scripts/setup_system.sh as root)",
+    "seccomp_filter": "the seccomp filter needs libseccomp (apt-get install libseccomp2), the pyseccomp package and "
+                      "a Python 3.9+ in /usr that commands see",
     "memory_cap": "no cgroup caps the memory of a sandbox's processes together (each process is capped alone, so "
                   "many processes or SysV shared memory can take the host's memory): as root, mount the cgroup v1 "
                   "memory and pids controllers or cgroup v2 with them; without root, run under a cgroup v2 that "
@@ -121,6 +127,8 @@ class Platform:
     #: Without root's tmpfs, one bwrap per command enters a namespace holding the working directory's tmpfs
     #: (:class:`~trajlab.sandbox.disk_quota.WorkTmpfs`) with this ``nsenter``; None: it cannot here.
     nsenter: str | None = None
+    #: The seccomp filter (a BPF program, in hex) the command server loads, where it works here.
+    seccomp_program: str | None = None
 
 
 logger = logging.getLogger(__name__)
@@ -204,6 +212,8 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         confine = _confines(identity, bwrap, server_python, confinement(sandbox_uid, 1 << 20, 64, tmp=not disk_quota))
         ipc_limits = confine and _confines(identity, bwrap, server_python, confinement(
             sandbox_uid, 1 << 20, 64, tmp=not disk_quota, sysctl=ipc_sysctls(SandboxLimits())))
+    seccomp = _seccomp_program([*identity, *bwrap_argv(bwrap, work=None, private_tmp=None, tmp_bytes=1 << 20)],
+                               server_python) if bwrap is not None and server_python is not None else None
     nsenter = shutil.which("nsenter") if confine and not disk_quota and unshare is not None else None
     if nsenter is not None and not _holds_work_tmpfs(identity, unshare, nsenter):
         nsenter = None
@@ -221,9 +231,21 @@ def host_platform(use_bubblewrap: bool = True) -> Platform:
         cgroup_limits=cgroup_host is not None,
         memory_cap=f"cgroup v{cgroup_host.version}" if cgroup_host is not None else "",
         ipc_limits=ipc_limits or (disk_quota and bwrap is None),  # the chain's root step sets them too
+        seccomp_filter=seccomp is not None,
     )
-    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine, cgroup_host,
-                    nsenter)
+    return Platform(prlimit, setpriv, net_prefix, protections, unshare, bwrap, server_python, confine,
+                    cgroups=cgroup_host, nsenter=nsenter, seccomp_program=seccomp)
+
+
+def _seccomp_program(bwrap_prefix: list[str], python: str) -> str | None:
+    """The seccomp filter (in hex) where it builds here and a command under it is refused ``unshare(0)``, a no-op
+    that succeeds without it."""
+    program = filter_program()
+    if program is None:
+        return None
+    refused = "import ctypes, sys; sys.exit(ctypes.CDLL(None).unshare(0) + 1)"
+    command = (*confined_exec_argv(python, {"seccomp": program.hex()}), python, "-I", "-S", "-c", refused)
+    return program.hex() if _works(bwrap_prefix, command=command) else None
 
 
 def _confines(identity: list[str], bwrap: str, python: str, setup: dict) -> bool:

@@ -32,12 +32,12 @@ from trajlab.sandbox.disk_quota import (
 )
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
-from trajlab.sandbox.leases import Lease, Record
+from trajlab.sandbox.leases import Record
 from trajlab.sandbox.limits import SHELL, SandboxLimits, ipc_sysctls, rlimit_options, scrubbed_environment
-from trajlab.sandbox.process import SandboxResult, run_process
+from trajlab.sandbox.process import SandboxResult, run_process, unsendable
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
-from trajlab.sandbox.sweep import DIR_PREFIX, remove_leftovers, sweep
+from trajlab.sandbox.sweep import DIR_PREFIX, new_lease, remove_leftovers, sweep
 from trajlab.sandbox.uids import identity_prefix, kill_uid, require_readable, require_traversable
 
 
@@ -76,11 +76,9 @@ class Sandbox:
         self._session: CommandSession | None = None
         self._work_tmpfs: WorkTmpfs | None = None
         sweep()
-        self._lease = Lease.for_new_uid() if protections.private_uid else Lease.anonymous()
+        self._lease = new_lease(protections.private_uid)  # the uid's last holder may have died after the sweep
         self._mounted = protections.disk_quota
         try:
-            if (left := self._lease.left_over()) is not None:
-                remove_leftovers(left)  # the uid's last holder died after this process's start-up sweep
             if self._mounted and base_dir is None:
                 base_dir = mount_base_dir()
             self._root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base_dir)).resolve()
@@ -120,6 +118,8 @@ class Sandbox:
                 self._work_tmpfs = WorkTmpfs(self.path, size=self.limits.disk_bytes, inodes=self.limits.inodes,
                                              unshare=self._platform.unshare, nsenter=self._platform.nsenter,
                                              identity=identity_prefix(self._platform.setpriv, self.uid))
+            if self._platform.seccomp_program is not None:  # loaded by the server (or --exec) once set up
+                self._setup["seccomp"] = self._platform.seccomp_program
             if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
                                                env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
@@ -152,6 +152,8 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
+            if (refused := unsendable(argv, stdin)) is not None:
+                return refused
             if self._session is not None:
                 limited = [self._platform.prlimit, *rlimit_options(self.limits), "--", *argv]
                 return self._session.run(limited, stdin, self.limits)
@@ -242,7 +244,7 @@ class Sandbox:
             # The rlimits apply inside, where RLIMIT_NPROC counts only the processes of the command's own user
             # namespace. Without a Python inside, the command keeps the session keyring of whoever started bwrap.
             confined = [] if platform.server_python is None else confined_exec_argv(platform.server_python, self._setup)
-            return [*self._bwrap_prefix(pid_namespace), *confined, *rlimits, *argv]
+            return [*self._bwrap_prefix(pid_namespace, init=bool(confined)), *confined, *rlimits, *argv]
         if not self._mounted:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
@@ -256,14 +258,15 @@ class Sandbox:
         """What starts the sandbox's long-lived bwrap, up to the command server's argv."""
         return self._bwrap_prefix(pid_namespace, server=(server_source, SERVER_INSIDE))
 
-    def _bwrap_prefix(self, pid_namespace: PidNamespace | None, server: tuple[int, str] | None = None) -> list[str]:
+    def _bwrap_prefix(self, pid_namespace: PidNamespace | None, server: tuple[int, str] | None = None,
+                      init: bool = False) -> list[str]:
         """Root joins the cgroups and drops to the sandbox uid, then bwrap makes the namespaces."""
         assert self._platform.bwrap is not None
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
-                         confine=self._confine, read_only=self._read_only)
+                         confine=self._confine, read_only=self._read_only, init=init)
         enter = self._work_tmpfs.enter_prefix() if self._work_tmpfs is not None else []
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *enter, *box]
 
