@@ -12,13 +12,22 @@ Each command may name ``{other}`` (the directory of another episode's sandbox, w
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import logging
 import os
 import sys
 from typing import Any
 
 from tests.sandbox.helpers import live_processes
-from trajlab.sandbox import Sandbox, SandboxLimits
+from trajlab.sandbox import (
+    MissingProtection,
+    Sandbox,
+    SandboxLimits,
+    probe_protections,
+    protections,
+    require_strong_isolation,
+)
 from trajlab.sandbox.pool import SandboxPool
 
 OTHER_FLAG = "flag{0ther0episode0secret00}"
@@ -35,7 +44,8 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
     ``per_command``: each sandbox starts one bwrap per command (no command server, no pool).
     """
     hosts = live_processes(marker).keys()
-    report: dict[str, Any] = {"results": {}, "paths": [], "running_after_call": {}, "not_wiped": {}}
+    report: dict[str, Any] = {"results": {}, "paths": [], "running_after_call": {}, "not_wiped": {},
+                              **strong_isolation_verdict()}
     with Sandbox(limits, reuse_namespaces=not per_command) as other, \
             SandboxPool(limits, keep=1 if recycled else 0) as pool:
         report["protections"] = dataclasses.asdict(other.protections())
@@ -63,6 +73,26 @@ def run_attacks(commands: dict[str, str], limits: SandboxLimits, marker: str, *,
         report["sandboxes_made"] = pool.made + made
     report["paths_left"] = sorted({path for path in report["paths"] if os.path.exists(path)})
     return report
+
+
+def strong_isolation_verdict() -> dict[str, str]:
+    """What :func:`require_strong_isolation` says here: the refusal (``refused``), and the warning it logs when the
+    user opts out of what is missing by name (``warned``); empty where nothing is missing."""
+    try:
+        require_strong_isolation("the attack suite", allow_weak=False)
+    except MissingProtection as exc:
+        refused = str(exc)
+    else:
+        return {"refused": "", "warned": ""}
+    missing = [line.split(":")[0] for line in probe_protections().missing_for_strong_isolation()]
+    logger, records = logging.getLogger(protections.__name__), io.StringIO()
+    handler = logging.StreamHandler(records)
+    logger.addHandler(handler)
+    try:
+        require_strong_isolation("the attack suite", allow_weak=missing)
+    finally:
+        logger.removeHandler(handler)
+    return {"refused": refused, "warned": records.getvalue()}
 
 
 def main() -> None:

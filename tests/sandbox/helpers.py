@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import platform
@@ -101,3 +102,27 @@ def leftovers(marker: str) -> str:
 def escape_command(marker: str) -> str:
     """Start a sleeper that leaves the command's process group (and its pipes), then give it time to do so."""
     return f"setsid sleep {marker} > /dev/null 2>&1 < /dev/null & sleep 0.2"
+
+
+#: Pins SysV shared memory, 64 MiB a segment up to 1 GiB, touching every page and leaving the segments behind when it
+#: exits; prints how many bytes it holds after each segment.
+SYSV_PIN = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype, libc.shmat.argtypes = ctypes.c_void_p, (ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+held = 0
+for _ in range(16):
+    segment = libc.shmget(0, 64 << 20, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    address = libc.shmat(segment, None, 0) if segment >= 0 else None
+    if address in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(address, 1, 64 << 20)
+    libc.shmdt(ctypes.c_void_p(address))
+    held += 64 << 20
+    print(held, flush=True)
+"""
+
+
+def sysv_pin_command() -> str:
+    """:data:`SYSV_PIN` as a shell command (the sandbox's Python reads it from stdin)."""
+    return f"echo {base64.b64encode(SYSV_PIN.encode()).decode()} | base64 -d | python3 -"

@@ -28,7 +28,7 @@ import pyseccomp
 import pytest
 
 from tests.sandbox.attack_driver import OTHER_FLAG, run_attacks
-from tests.sandbox.helpers import PROTECTIONS, REPO, leftovers, run_as_nobody
+from tests.sandbox.helpers import PROTECTIONS, REPO, leftovers, run_as_nobody, sysv_pin_command
 from trajlab.sandbox import SandboxLimits
 
 MARK = f"atk{uuid.uuid4().hex[:10]}"  # in every name and command line an attack leaves behind
@@ -36,6 +36,7 @@ SECRET = f"sk-attack-secret-{uuid.uuid4().hex}"
 LIMITS = SandboxLimits(cpu_seconds=1, memory_bytes=256 << 20, file_size_bytes=1 << 20, max_processes=32,
                        open_files=64, wall_timeout_s=3.0, max_output_bytes=8192, disk_bytes=8 << 20, inodes=256,
                        total_memory_bytes=256 << 20)
+MANY = 8  # processes of 128 MiB each: 1 GiB in all, 4x total_memory_bytes
 
 Check = Callable[[dict[str, Any], dict[str, Any]], bool]  # (the command's result, the mode's report) -> contained
 
@@ -66,6 +67,16 @@ def _no_word(*words: str) -> Check:
 
 def _in_stderr(needle: str) -> Check:
     return lambda result, _: needle in result["stderr"] and not result["timed_out"]
+
+
+def _capped(held_bytes: Callable[[dict[str, Any]], int], *caps: str) -> Check:
+    """Where the mode has any of ``caps``, the bytes the command held (at once) stay within total_memory_bytes; where
+    it has none, strong isolation is refused naming the memory cap, and an opt-out by that name warns."""
+    def check(result: dict[str, Any], report: dict[str, Any]) -> bool:
+        if any(report["protections"].get(cap) for cap in caps):  # and the attack ran to its end, not out of time
+            return held_bytes(result) <= LIMITS.total_memory_bytes and not result["timed_out"]
+        return "memory_cap" in report["refused"] and "runs without memory_cap" in report["warned"]
+    return check
 
 
 def _python(code: str) -> str:
@@ -141,10 +152,14 @@ ATTACKS = [
     Attack("fork_bomb", f"f() {{ f | f & }}; f; wait # {MARK}",
            lambda result, _: result["wall_s"] < LIMITS.wall_timeout_s + 2),
     Attack("memory_in_one_process", _python("b = bytearray(2 << 30)"), _in_stderr("MemoryError")),
-    Attack("memory_over_many_processes",
-           "for i in 1 2 3 4 5 6; do "
-           + _python("import time; b = bytearray(100 << 20); time.sleep(0.5); print('held')") + " & done; wait",
-           lambda result, _: result["stdout"].count("held") < 6, needs="cgroup_limits"),
+    Attack("memory_over_many_processes",  # 1 GiB in all: 8 processes each within memory_bytes
+           f"for i in {' '.join(map(str, range(MANY)))}; do "
+           + _python("import time; b = b'x' * (128 << 20); time.sleep(1); print('kept', flush=True)")
+           + " & done; wait", _capped(lambda result: result["stdout"].count("kept") * (128 << 20), "memory_cap")),
+    Attack("sysv_shared_memory_pinned", sysv_pin_command(),  # up to 1 GiB, left behind when the command exits
+           _capped(lambda result: int(([0] + result["stdout"].split())[-1]), "memory_cap", "ipc_limits")),
+    Attack("raise_the_ipc_limits", "echo 999999999 > /proc/sys/kernel/shmall; cat /proc/sys/kernel/shmall",
+           lambda result, _: "999999999" not in result["stdout"]),
     Attack("cpu_burn", "while :; do :; done",
            lambda result, _: result["exit_code"] in (-signal.SIGXCPU, -signal.SIGKILL) and not result["timed_out"]),
     Attack("endless_output", "yes", lambda result, _: result["stdout_truncated"] and result["wall_s"] < 2),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
 
 import pytest
 
-from tests.sandbox.helpers import FAST, PROTECTIONS, leftovers
+from tests.sandbox.helpers import FAST, MODES, PROTECTIONS, leftovers, needs_private_uid, sysv_pin_command
 from trajlab.sandbox import Sandbox, SandboxLimits
 
 
@@ -59,3 +60,18 @@ def test_memory_hog_fails(sandbox: Sandbox) -> None:
 def test_bad_limits_are_rejected_with_the_field_name(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"SandboxLimits.{field} must be a positive"):
         SandboxLimits(**{field: value})
+
+
+# The fallback chain sets them as root only (in the mount namespace it makes before dropping to the sandbox's uid).
+@pytest.mark.parametrize("mode", [*MODES[:2], pytest.param({"use_bubblewrap": False}, id="chain",
+                                                           marks=needs_private_uid)])
+def test_sysv_shared_memory_is_capped_by_the_ipc_namespace_limits(mode: dict[str, bool]) -> None:
+    limits = dataclasses.replace(FAST, memory_bytes=512 << 20, total_memory_bytes=256 << 20)
+    with Sandbox(limits, **mode) as box:
+        pinned = box.run(sysv_pin_command())
+        held = int(pinned.stdout.split()[-1]) if pinned.stdout.split() else 0
+        assert held <= limits.total_memory_bytes, f"a command pinned {held >> 20} MiB of SysV shared memory"
+        assert box.run("cat /proc/sys/kernel/shmall").stdout.strip() == str(limits.total_memory_bytes // 4096)
+        raised = box.run("echo 1000000000 > /proc/sys/kernel/shmall; cat /proc/sys/kernel/shmall")
+        assert raised.stdout.strip() == str(limits.total_memory_bytes // 4096), "commands cannot lift the limits"
+        assert box.protections().ipc_limits

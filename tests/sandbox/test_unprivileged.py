@@ -55,3 +55,34 @@ def test_the_working_directory_is_a_capped_tmpfs_the_host_reaches_and_a_timeout_
     assert "No space left" in report["files"], "the working directory holds at most `inodes` files"
     assert report["timed_out"] and report["after_timeout"] == "from the command\n"
     assert "working directory" in report["server_lost"], "a lost server is an error, not an empty directory"
+
+
+# One bwrap per command, unprivileged: what the host and its commands see of the working directory, as JSON.
+PER_COMMAND = """
+import dataclasses, json, os
+from trajlab.sandbox import Sandbox, SandboxLimits
+limits = SandboxLimits(disk_bytes=1 << 20, inodes=64, file_size_bytes=4 << 20)
+with Sandbox(limits, reuse_namespaces=False) as box:
+    report = {"protections": dataclasses.asdict(box.protections())}
+    box.write_file("task/input.txt", "from the host")
+    report["read_inside"] = box.run("cat task/input.txt; echo from the command > out.txt").stdout
+    report["read_by_host"] = box.read_file("out.txt").decode()
+    report["fill"] = box.run("head -c 2000000 /dev/zero > big; stat -c %s big").stderr
+    report["files"] = box.run("rm big; i=0; while : > f$i; do i=$((i+1)); done").stderr
+    report["host_directory"] = os.listdir(box.path)
+    path = str(box.path)
+report["left"] = os.path.exists(path)
+print(json.dumps(report))
+"""
+
+
+def test_one_bwrap_per_command_gets_a_working_directory_quota_too() -> None:
+    done = run_as_nobody(["-c", PER_COMMAND])
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["protections"]["work_dir_quota"]
+    assert report["read_inside"] == "from the host" and report["read_by_host"] == "from the command\n"
+    assert "No space left" in report["fill"], "the working directory holds at most disk_bytes"
+    assert "No space left" in report["files"], "the working directory holds at most `inodes` files"
+    assert report["host_directory"] == [], "the files live in the namespace's tmpfs, not on the host's disk"
+    assert not report["left"]

@@ -5,10 +5,11 @@ network, exhaust the machine, touch another episode's files, or outlive their ep
 private 0700 directory. Every command runs in a new session under rlimits (CPU seconds, address space, file size,
 processes, open files), a wall-clock timeout, an output cap and a scrubbed environment and, where bubblewrap works,
 in its own user, PID, IPC, network, UTS, cgroup and mount namespaces with a read-only view of the system and private
-/tmp, /var/tmp and /dev/shm. As root a sandbox also gets its own uid, a tmpfs capped in bytes and inodes (its
-directory and its commands' tmp directories) and, with cgroup v1, caps on the memory and processes of all its
-processes together; without root, its commands' tmp directories are each capped in bytes and inodes (mounted by the
-command server, which then drops every capability). Without bubblewrap, util-linux's ``unshare`` and ``setpriv``
+/tmp, /var/tmp and /dev/shm. As root a sandbox also gets its own uid and a tmpfs capped in bytes and inodes (its
+directory and its commands' tmp directories); without root, its working and tmp directories are each capped in bytes
+and inodes (mounted in its namespaces, which then drop every capability). Where a cgroup can be had (v1 as root; v2
+as root or delegated), the memory and processes of all its processes together are capped; under bubblewrap its IPC
+namespace's own limits cap SysV and POSIX IPC. Without bubblewrap, util-linux's ``unshare`` and ``setpriv``
 give what they can.
 :func:`probe_protections` reports what this machine gives; :func:`require_strong_isolation` is how an env refuses
 less. What a killed process's sandboxes left is removed by the next process's :func:`sweep`. A :class:`SandboxPool`

@@ -55,6 +55,7 @@ _SESSION_KEYRING, _USER_KEYRING, _USER_SESSION_KEYRING = -3, -4, -5
 #: sandbox's own, loaded before any command runs, or a container's around the host).
 _NO_KEYRINGS = (errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM)
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 0x1000, 0x4000
+_MS_RDONLY, _MS_REMOUNT, _MS_PROC = 1, 32, 2 | 4 | 8  # _MS_PROC: nosuid, nodev, noexec, as bwrap mounts /proc
 _CLONE_NEWUSER = 0x10000000
 _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 #: noroot, no_setuid_fixup, keep_caps (off) and no_cap_ambient_raise, each locked: uid 0 never regains capabilities
@@ -80,6 +81,11 @@ def main() -> None:
         sys.exit(f"could not join a new session keyring: {os.strerror(ctypes.get_errno())}")
     setup = json.loads(sys.argv[2])
     _confine(libc, setup)
+    if sys.argv[1] != "--exec" and "uid" in setup:  # the server again, as a program of the nested namespace (then
+        # its /proc entries belong to no uid of the commands', not to its namespace's root); it loads the filter there
+        os.set_inheritable(int(sys.argv[1]), True)
+        rest = json.dumps({key: value for key, value in setup.items() if key == "seccomp"})
+        os.execv(sys.executable, [sys.executable, "-I", "-S", sys.argv[0], sys.argv[1], rest])
     _filter_system_calls(libc, setup)
     # Python's own handler would be a way for commands to interrupt their init (SIGINT); SIGPIPE and SIGXFSZ, which
     # Python ignores, are restored in each command.
@@ -110,12 +116,15 @@ def main() -> None:
 
 
 def _confine(libc: ctypes.CDLL, setup: dict) -> None:
-    """With ``setup["tmpfs"]`` (``[[dir, bytes, inodes, mode], ...]``): mount those tmpfs (in that order; a mount
-    already below one of them is bound again onto it), then leave for a nested
-    user namespace (``setup["uid"]``, ``["gid"]``) that no command can leave or nest, without capabilities. Exits
-    the process on any failure: a command must never run half-confined."""
-    if not setup.get("tmpfs"):
+    """With a confinement ``setup`` (one with a ``"uid"``): write ``setup["sysctl"]`` (``{name under /proc/sys:
+    value}``: the IPC namespace's limits, which only its user namespace's root may set), mount ``setup["tmpfs"]``
+    (``[[dir, bytes, inodes, mode], ...]``, in that order; a mount already below one of them is bound again onto it),
+    then leave for a nested user namespace (``setup["uid"]``, ``["gid"]``) that no command can leave or nest,
+    without capabilities. Exits the process on any failure: a command must never run half-confined."""
+    if "uid" not in setup:
         return
+    for name, value in setup["sysctl"].items():
+        _write(f"/proc/sys/{name}", str(value))
     for directory, size, inodes, mode in setup["tmpfs"]:  # the working directory last: it may lie below /tmp
         # What bwrap bound below it (the working directory, in a /tmp sandbox) is bound again onto the new tmpfs.
         kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in top_mounts_below(directory)]
@@ -129,6 +138,10 @@ def _confine(libc: ctypes.CDLL, setup: dict) -> None:
             os.close(fd)
     # This user namespace may hold one more: the nested one made next, where commands then cannot make any.
     _write("/proc/sys/user/max_user_namespaces", "1")
+    # Commands run as the uid that owns the IPC namespace's limits, and may write them: /proc/sys goes read-only.
+    _check(libc.mount(b"/proc/sys", b"/proc/sys", None, _MS_BIND, None), "bind /proc/sys")
+    _check(libc.mount(None, b"/proc/sys", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_PROC, None),
+           "remount /proc/sys read-only")
     _check(libc.unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{setup['uid']} 0 1")

@@ -38,6 +38,7 @@ class Record:
     uid: int | None = None  # its private uid, whose processes are killed
     mounted: bool = False
     cgroup: bool = False  # it has cgroups named after its directory
+    cgroup_dirs: tuple[str, ...] = ()  # which (none listed: cgroup v1's, as leases recorded before v2)
 
 
 def lease_dir() -> Path:

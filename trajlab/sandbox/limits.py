@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 SHELL = "/bin/sh"
@@ -32,7 +33,8 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20  # kept of stdout and of stderr each; the command is stopped beyond it
     disk_bytes: int = 256 << 20  # all files of the sandbox together, where Protections.disk_quota (tmpfs: RAM)
     inodes: int = 65_536  # files and directories of the sandbox together, where Protections.inode_quota
-    total_memory_bytes: int = 2 << 30  # all processes (and tmpfs pages) together, where Protections.cgroup_limits
+    total_memory_bytes: int = 2 << 30  # all processes (and tmpfs pages) together, where Protections.cgroup_limits;
+    # also the most SysV shared memory a sandbox's IPC namespace holds, where Protections.ipc_limits
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -54,6 +56,33 @@ def rlimit_options(limits: SandboxLimits) -> list[str]:
         f"--nofile={limits.open_files}",
         "--core=0",
     ]
+
+
+#: SysV message queues and POSIX message queues each get at most this share of ``total_memory_bytes``.
+_MESSAGE_SHARE = 8
+#: The kernel's defaults, set again so that the number of queues below bounds their bytes.
+_MSGMNB, _MQ_MSG_MAX, _MQ_MSGSIZE_MAX = 16_384, 10, 8_192
+
+
+def ipc_sysctls(limits: SandboxLimits) -> dict[str, int]:
+    """The limits of a sandbox's own IPC namespace (``/proc/sys`` names), sized from ``total_memory_bytes``.
+
+    Why: SysV shared memory and message queues are not any process's memory: they stay when their creator exits, so
+    rlimits never see them, and without a cgroup nothing else caps them. Each IPC namespace has its own limits: SysV
+    shared memory gets at most ``total_memory_bytes`` in all, SysV and POSIX message queues an eighth of it each.
+    """
+    budget = limits.total_memory_bytes
+    queue_bytes = _MQ_MSG_MAX * _MQ_MSGSIZE_MAX
+    return {
+        "kernel/shmmax": budget,
+        "kernel/shmall": max(1, budget // os.sysconf("SC_PAGE_SIZE")),  # in pages
+        "kernel/shmmni": 256,
+        "kernel/msgmnb": _MSGMNB,
+        "kernel/msgmni": max(1, budget // _MESSAGE_SHARE // _MSGMNB),
+        "fs/mqueue/msg_max": _MQ_MSG_MAX,
+        "fs/mqueue/msgsize_max": _MQ_MSGSIZE_MAX,
+        "fs/mqueue/queues_max": max(1, min(256, budget // _MESSAGE_SHARE // queue_bytes)),
+    }
 
 
 def scrubbed_environment(home: Path) -> dict[str, str]:

@@ -23,6 +23,7 @@ from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidN
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import (
     DIR_MODE,
+    WorkTmpfs,
     fstab_path,
     lay_out,
     mount_base_dir,
@@ -32,7 +33,7 @@ from trajlab.sandbox.disk_quota import (
 from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.files import inside_path, read_file, write_file
 from trajlab.sandbox.leases import Record
-from trajlab.sandbox.limits import SHELL, SandboxLimits, rlimit_options, scrubbed_environment
+from trajlab.sandbox.limits import SHELL, SandboxLimits, ipc_sysctls, rlimit_options, scrubbed_environment
 from trajlab.sandbox.process import SandboxResult, run_process, unsendable
 from trajlab.sandbox.protections import Protections, host_platform
 from trajlab.sandbox.session import SERVER_INSIDE, CommandSession, confined_exec_argv, confinement
@@ -73,6 +74,7 @@ class Sandbox:
         self._record: Record | None = None
         self._cgroup: SandboxCgroup | None = None
         self._session: CommandSession | None = None
+        self._work_tmpfs: WorkTmpfs | None = None
         sweep()
         self._lease = new_lease(protections.private_uid)  # the uid's last holder may have died after the sweep
         self._mounted = protections.disk_quota
@@ -81,7 +83,10 @@ class Sandbox:
                 base_dir = mount_base_dir()
             self._root = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base_dir)).resolve()
             self.path = self._root
-            self._record = Record(str(self._root), self._lease.uid, self._mounted, protections.cgroup_limits)
+            if self._platform.cgroups is not None:
+                self._cgroup = self._platform.cgroups.sandbox(self._root.name)
+            self._record = Record(str(self._root), self._lease.uid, self._mounted, self._cgroup is not None,
+                                  tuple(str(directory) for directory in self._cgroup.dirs) if self._cgroup else ())
             self._lease.record(self._record)
             if self._mounted:
                 # One tmpfs holds the working directory and the command's /tmp: both count against the quota.
@@ -89,8 +94,7 @@ class Sandbox:
                     raise SandboxError(f"could not mount a {self.limits.disk_bytes}-byte tmpfs at {self._root}")
                 assert self._lease.uid is not None
                 self.path = lay_out(self._root, self._lease.uid)
-            if protections.cgroup_limits:
-                self._cgroup = SandboxCgroup(self._root.name)
+            if self._cgroup is not None:
                 self._cgroup.create(memory_bytes=self.limits.total_memory_bytes,
                                     processes=self.limits.max_processes)
             if self._lease.uid is not None:
@@ -100,12 +104,20 @@ class Sandbox:
                 os.chown(self.path, self._lease.uid, self._lease.uid)
             server = self._platform.bwrap is not None and self._platform.server_python is not None and \
                 reuse_namespaces
-            # Without the sandbox's tmpfs, the command server (or its --exec) caps the tmp dirs itself, and the
-            # server also makes the working directory a capped tmpfs, which the host then reaches through /proc.
-            self._confine = self._platform.confine and not self._mounted
-            self._work_in_namespace = self._confine and server
-            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes,
-                                      work=self.path if self._work_in_namespace else None) if self._confine else {}
+            # The command server (or its --exec) sets the IPC namespace's limits; without the sandbox's tmpfs it caps
+            # the tmp dirs itself, and the server also makes the working directory a capped tmpfs, which the host
+            # then reaches through /proc.
+            self._confine = self._platform.confine
+            self._work_in_namespace = self._confine and server and not self._mounted
+            sysctl = ipc_sysctls(self.limits) if protections.ipc_limits else None
+            self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes, tmp=not self._mounted,
+                                      work=self.path if self._work_in_namespace else None,
+                                      sysctl=sysctl) if self._confine else {}
+            if self._confine and not self._mounted and not server and self._platform.nsenter is not None:
+                assert self._platform.unshare is not None
+                self._work_tmpfs = WorkTmpfs(self.path, size=self.limits.disk_bytes, inodes=self.limits.inodes,
+                                             unshare=self._platform.unshare, nsenter=self._platform.nsenter,
+                                             identity=identity_prefix(self._platform.setpriv, self.uid))
             if self._platform.seccomp_program is not None:  # loaded by the server (or --exec) once set up
                 self._setup["seccomp"] = self._platform.seccomp_program
             if server:
@@ -124,7 +136,8 @@ class Sandbox:
     def protections(self) -> Protections:
         """Which protections this sandbox's commands get (the same for every sandbox of this process and mode)."""
         protections = self._platform.protections
-        if self._confine and not self._work_in_namespace:  # one bwrap per command: nothing holds a tmpfs between
+        # One bwrap per command without root's tmpfs, where no namespace could hold one between its commands.
+        if self._confine and not self._mounted and not self._work_in_namespace and self._work_tmpfs is None:
             protections = dataclasses.replace(protections, work_dir_quota=False)
         return protections
 
@@ -201,6 +214,8 @@ class Sandbox:
 
     def _host_view(self) -> Path:
         """The sandbox directory as the host reaches it: in the command server's namespace where it lives there."""
+        if self._work_tmpfs is not None:
+            return self._work_tmpfs.host_root() / self.path.relative_to("/")
         if self._work_in_namespace:
             assert self._session is not None
             return self._session.host_root() / self.path.relative_to("/")
@@ -234,8 +249,9 @@ class Sandbox:
             return [*join, *rlimits, *platform.net_prefix, *identity, *argv]
         # Root sets up the command's mount namespace (and network namespace), then drops to the sandbox uid.
         assert platform.unshare is not None
+        sysctl = ipc_sysctls(self.limits) if platform.protections.ipc_limits else None
         namespaces = mount_namespace_prefix(platform.unshare, fstab_path(self._root),
-                                            network=platform.protections.network_namespace)
+                                            network=platform.protections.network_namespace, sysctl=sysctl)
         return [*join, *rlimits, *namespaces, *identity, *argv]
 
     def _session_argv(self, pid_namespace: PidNamespace, server_source: int) -> list[str]:
@@ -251,7 +267,8 @@ class Sandbox:
         box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
                          tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
                          confine=self._confine, read_only=self._read_only, init=init)
-        return [*join, *identity_prefix(self._platform.setpriv, self.uid), *box]
+        enter = self._work_tmpfs.enter_prefix() if self._work_tmpfs is not None else []
+        return [*join, *identity_prefix(self._platform.setpriv, self.uid), *enter, *box]
 
     def _kill_leftovers(self) -> None:
         if self._cgroup is not None:
@@ -267,6 +284,8 @@ class Sandbox:
         try:
             if self._session is not None:
                 self._session.close()
+            if self._work_tmpfs is not None:
+                self._work_tmpfs.close()
             self._kill_leftovers()
             remove_leftovers(dataclasses.replace(self._record, uid=None))  # its processes were just killed
         except BaseException:

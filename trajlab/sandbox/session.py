@@ -34,15 +34,17 @@ SERVER_SOURCE = Path(__file__).with_name("command_server.py")
 SERVER_INSIDE = "/run/trajlab/command_server.py"
 
 
-def confinement(uid: int | None, tmp_bytes: int, tmp_inodes: int, work: Path | None = None) -> dict:
-    """The command server's SETUP for :func:`~trajlab.sandbox.command_server._confine`: the private tmp dirs (and
-    ``work``, the working directory, when given) as tmpfs of ``tmp_bytes`` and ``tmp_inodes`` each, and commands
-    running as ``uid`` (None: the host's own user)."""
+def confinement(uid: int | None, tmp_bytes: int, tmp_inodes: int, *, work: Path | None = None, tmp: bool = True,
+                sysctl: dict[str, int] | None = None) -> dict:
+    """The command server's SETUP for :func:`~trajlab.sandbox.command_server._confine`: the private tmp dirs (with
+    ``tmp``; and ``work``, the working directory, when given) as tmpfs of ``tmp_bytes`` and ``tmp_inodes`` each, the
+    ``/proc/sys`` values of ``sysctl`` (the IPC namespace's limits), and commands running as ``uid`` (None: the host's
+    own user)."""
     uid_, gid = (os.getuid(), os.getgid()) if uid is None else (uid, uid)
-    tmpfs = [[directory, tmp_bytes, tmp_inodes, TMPFS_MODE] for directory in PRIVATE_TMP_DIRS]
+    tmpfs = [[directory, tmp_bytes, tmp_inodes, TMPFS_MODE] for directory in PRIVATE_TMP_DIRS] if tmp else []
     if work is not None:
         tmpfs.append([str(work), tmp_bytes, tmp_inodes, DIR_MODE])
-    return {"tmpfs": tmpfs, "uid": uid_, "gid": gid}
+    return {"tmpfs": tmpfs, "sysctl": sysctl or {}, "uid": uid_, "gid": gid}
 
 
 def confined_exec_argv(python: str, setup: dict) -> list[str]:

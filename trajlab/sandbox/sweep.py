@@ -48,7 +48,7 @@ def remove_leftovers(record: Record) -> None:
         kill_uid(setpriv, record.uid)
     root = Path(record.root)
     if record.cgroup:
-        SandboxCgroup(root.name).remove()
+        SandboxCgroup.recorded(record.cgroup_dirs, root.name).remove()
     if not root.name.startswith(DIR_PREFIX):
         return
     if record.mounted and os.path.ismount(root):

@@ -78,9 +78,9 @@ class CTF(Environment):
     """Capture the flag: explore a sandbox with shell commands, break the challenge, submit flag{...}."""
 
     def __init__(self, allow_weak_sandbox: bool | None = None) -> None:
-        """Refuse to start where the sandbox would be weaker than this machine should give (bubblewrap missing,
-        or as root no private uid or disk quota), unless ``allow_weak_sandbox`` (default: the
-        ``TRAJLAB_SANDBOX_ALLOW_WEAK=1`` setting) says to run anyway."""
+        """Refuse to start where the sandbox would be weaker than this machine should give (bubblewrap or an aggregate
+        memory cap missing, or as root no private uid or disk quota), unless ``allow_weak_sandbox`` (default: the
+        ``TRAJLAB_SANDBOX_ALLOW_WEAK`` setting, ``1`` or the missing protections' names) says to run anyway."""
         require_strong_isolation("the ctf env", allow_weak=allow_weak_sandbox)
         super().__init__()
         self.kind = ""
