@@ -101,6 +101,10 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
     "collect into a FIFO": (["collect", *ORACLE[:-2], "--out", "{T}/fifo"], "{T}/fifo: not a regular file (a FIFO)"),
     "tasks from a device": (["collect", *ORACLE, "--tasks", "/dev/zero"],
                             "/dev/zero: not a regular file (a character device); give a tasks file (JSONL)"),
+    "prompt file that is a FIFO": (["collect", *ORACLE, "--prompt-file", "{T}/fifo"],
+                                   "{T}/fifo: not a regular file (a FIFO); give a prompt file"),
+    "compare a report that is a device": (["eval", "compare", "/dev/zero", "/dev/zero"],
+                                          "/dev/zero: not a regular file (a character device); give an eval report"),
     "task row of an unknown kind": (["collect", "--env", "ctf", "--policy", "oracle", *OUT, "--tasks",
                                      "{T}/ctf_kind.jsonl"],
                                     "{T}/ctf_kind.jsonl:1: not a ctf task: field 'kind' is 'nosuch', not one of "
