@@ -5,6 +5,7 @@ port nothing listens on. None may print a traceback.
 """
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -86,6 +87,28 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                      *OUT], "{T}/no-sessions: no such record directory"),
     "evolve with the oracle": (["evolve", "--env", "arithmetic", "--policy", "oracle", "--out", "{T}/evo"],
                                "The oracle cannot reflect: give a reflection LM"),
+    "unclosed --set list": (["collect", *ORACLE, "--set", "rl.steps=[1"],
+                            "--set rl.steps=[1: the value is not valid YAML: expected ',' or ']', but got "
+                            "'<stream end>' at line 1, column 3"),
+    "duplicate YAML key": (["config", "show", "{T}/duplicate.yaml"],
+                           "{T}/duplicate.yaml: not valid YAML: found duplicate key 'max_turns' (first at line 3) "
+                           "at line 4, column 3"),
+    "config that is a FIFO": (["collect", *ORACLE, "--config", "{T}/fifo"],
+                              "{T}/fifo: not a regular file (a FIFO); give a config file (YAML)"),
+    "collect into a device": (["collect", *ORACLE[:-2], "--out", "/dev/full"],
+                              "/dev/full: not a regular file (a character device); give the path of a trajectory "
+                              "file (JSONL)"),
+    "collect into a FIFO": (["collect", *ORACLE[:-2], "--out", "{T}/fifo"], "{T}/fifo: not a regular file (a FIFO)"),
+    "tasks from a device": (["collect", *ORACLE, "--tasks", "/dev/zero"],
+                            "/dev/zero: not a regular file (a character device); give a tasks file (JSONL)"),
+    "prompt file that is a FIFO": (["collect", *ORACLE, "--prompt-file", "{T}/fifo"],
+                                   "{T}/fifo: not a regular file (a FIFO); give a prompt file"),
+    "compare a report that is a device": (["eval", "compare", "/dev/zero", "/dev/zero"],
+                                          "/dev/zero: not a regular file (a character device); give an eval report"),
+    "task row of an unknown kind": (["collect", "--env", "ctf", "--policy", "oracle", *OUT, "--tasks",
+                                     "{T}/ctf_kind.jsonl"],
+                                    "{T}/ctf_kind.jsonl:1: not a ctf task: field 'kind' is 'nosuch', not one of "
+                                    "'encoding', 'hidden', 'cipher', 'service'"),
 }
 
 USAGE = {  # a wrong combination or form of options: exit 2
@@ -119,6 +142,9 @@ def where(tmp_path, tiny_model_dir):
     short = {k: v for k, v in task.items() if k != "answer"}
     (tmp_path / "short_task.jsonl").write_text(json.dumps(task) + "\n" + json.dumps(short) + "\n")
     (tmp_path / "typed_task.jsonl").write_text(json.dumps(task | {"a": "7"}) + "\n")
+    (tmp_path / "ctf_kind.jsonl").write_text(json.dumps({"kind": "nosuch", "seed": 1}) + "\n")
+    (tmp_path / "duplicate.yaml").write_text("env: arithmetic\nrollout:\n  max_turns: 3\n  max_turns: 4\n")
+    os.mkfifo(tmp_path / "fifo")  # opened for reading, it blocks until a writer comes: none ever does
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -169,3 +195,13 @@ def test_the_trajlab_process_prints_no_traceback(where):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stdout.strip().splitlines() == [f"error: {where['{T}']}/missing.jsonl: no such tasks file "
                                                   "(JSONL: one task object per line)"]
+
+
+def test_a_set_that_is_not_utf8_is_one_line(where):
+    """The shell hands Python the bytes of an argument; a value that is not UTF-8 is said, not a traceback."""
+    args = [fill(arg, where) for arg in ORACLE] + [b"--set=rl.steps=\xff"]
+    result = subprocess.run([sys.executable, "-m", "trajlab.cli", "collect", *args], capture_output=True,
+                            timeout=120)
+    assert result.returncode == 1 and b"Traceback" not in result.stderr, result.stderr.decode(errors="replace")
+    assert result.stdout.decode().strip().splitlines() == [
+        "error: --set rl.steps=\\xff: not UTF-8 text; give keys and values in UTF-8."]

@@ -1,5 +1,5 @@
-"""Errors that are the user's to fix, the optional-package check that raises one, and the error that says an episode
-failed because of the machinery rather than the policy.
+"""Errors that are the user's to fix, the checks that raise one (an optional package, a file that is no regular file),
+and the error that says an episode failed because of the machinery rather than the policy.
 
 The command line prints a user's error as one line and exits 1; anything else is a bug and keeps its traceback.
 """
@@ -7,6 +7,9 @@ The command line prints a user's error as one line and exits 1; anything else is
 from __future__ import annotations
 
 import importlib
+import os
+import stat
+from pathlib import Path
 from types import ModuleType
 
 
@@ -42,3 +45,26 @@ def require(module: str, *, feature: str, install: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependency(f"{feature} needs the '{module}' package, which is not installed: {install}") from exc
+
+
+_FILE_TYPES = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
+               stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+
+
+def refuse_special_file(path: str | Path, wanted: str) -> None:
+    """Raise :class:`UserError` when ``path`` exists and is not a regular file (after links).
+
+    Files read whole or appended to must be regular: a device such as ``/dev/zero`` never ends (read into memory
+    until the host runs out), and a FIFO blocks its reader until a writer comes. A path that does not exist passes:
+    the caller says so in its own words, or creates it.
+
+    Args:
+        wanted: what the user should give instead, e.g. ``"a config file (YAML)"``.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_TYPES.items() if test(mode)), "a special file")
+        raise UserError(f"{path}: not a regular file ({kind}); give {wanted}.")

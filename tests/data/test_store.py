@@ -131,3 +131,32 @@ def test_a_file_that_is_not_trajectories_is_refused_not_repaired(tmp_path):
     with pytest.raises(StoreError, match="not a trajectory line"):
         list(read_trajectories(path))
     assert path.read_text() == "my notes, no newline at the end"
+
+
+def test_a_trajectory_the_schema_refuses_is_stored_as_an_error_row(tmp_path):
+    """A backend once answered ``token_ids: "abc"``: the letters went into the tokens, the line was written, and every
+    later resume refused the file. The store checks each line against its own schema before writing it."""
+    path = tmp_path / "t.jsonl"
+    poisoned = make(1)
+    poisoned.tokens.extend(list("abc"), trained=True)  # what list("abc") from a backend's answer became
+    with TrajectoryStore(path) as store:
+        store.append(make(0))
+        store.append(poisoned)
+        store.append(make(2))
+    stored = list(read_trajectories(path))
+    assert [t.id for t in stored] == ["ep0", "ep1", "ep2"]
+    error = stored[1]
+    assert error.status == "error" and error.tokens is None and error.task == {"i": 1}
+    assert "not stored as it was: tokens.completion_ids.2: Input should be a valid integer" in error.error
+    with TrajectoryStore(path) as store:  # the resume that used to refuse the file: the row is run again
+        assert store.ids == {"ep0", "ep1", "ep2"} and store.errors == {"ep1"}
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_a_store_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    """``--out /dev/full`` read an endless device into memory; a FIFO blocked the read forever."""
+    path = {"device": "/dev/full", "fifo": tmp_path / "fifo", "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(StoreError, match=f"{path}: not a regular file"), TrajectoryStore(path):
+        pass

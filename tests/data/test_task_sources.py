@@ -223,3 +223,12 @@ def test_eval_on_the_cli_takes_the_tasks_section_and_tasks_file_still_wins(parqu
     result = runner.invoke(app, ["eval", "--policy", "oracle", "--out", str(tmp_path / "g"), "--env", "arithmetic",
                                  "--set", f"tasks.source={tmp_path / 'nope.parquet'}"])
     assert result.exit_code == 1 and "error:" in result.stdout and "nope.parquet: no such task file" in result.stdout
+
+
+def test_a_row_of_a_kind_the_env_has_not_is_refused_before_any_episode(tmp_path):
+    """A ctf row of an unknown kind passed the type check and failed every episode at reset (exit 0, all errors)."""
+    source = tmp_path / "ctf.jsonl"
+    source.write_text(json.dumps({"kind": "cipher", "seed": 2}) + "\n" + json.dumps({"kind": "nosuch", "seed": 1}))
+    with pytest.raises(ValueError, match=r"train row 2: not a ctf task: field 'kind' is 'nosuch', not one of "
+                                         r"'encoding', 'hidden', 'cipher', 'service'"):
+        TasksSettings(source=str(source)).apply(load_env("ctf"))

@@ -9,10 +9,15 @@ requests before the real app sees them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import itertools
 import json
 import logging
+import re
 import socket
+import threading
+import time
 
 import pytest
 
@@ -20,7 +25,7 @@ import trajlab
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
 from trajlab.collection.engines import load_rollout_policy
-from trajlab.config import ModelSettings, ServeSettings
+from trajlab.config import ModelSettings, RolloutSettings, ServeSettings
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
@@ -213,11 +218,123 @@ def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
     assert all("text_only" not in t.metrics for t in stored)
 
     def policy(url, tokenizer):
-        return load_rollout_policy(env, url, model=ModelSettings(), max_batch_size=8, tokenizer=tokenizer,
-                                   demonstrator=None)
+        return load_rollout_policy(env, url, model=ModelSettings(), rollout=RolloutSettings(concurrency=8),
+                                   tokenizer=tokenizer, demonstrator=None)
 
     with pytest.raises(ValueError, match="pass --tokenizer"):
         policy(tiny_server, None)
     assert policy(f"{tiny_server}#{MODEL}", str(tiny_model_dir)).generator.model == MODEL
     with pytest.raises(ValueError, match=r"does not serve 'other'; it serves \['tiny'\]"):
         policy(f"{tiny_server}#other", str(tiny_model_dir))
+
+
+class Backend(http.server.BaseHTTPRequestHandler):
+    """A loopback OpenAI-compatible server that lists one model and answers ``/completions`` with ``reply`` (bytes,
+    HTTP 200), or, when ``reply`` is None, never answers at all (until the test ends)."""
+
+    reply: bytes | None = None
+    released = threading.Event()
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self._send(json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.reply is None:
+            self.released.wait(60)
+            return
+        self._send(self.reply)
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def backend(reply: bytes | None):
+    handler = type("Handler", (Backend,), {"reply": reply, "released": threading.Event()})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        handler.released.set()
+        server.shutdown()
+        server.server_close()
+
+
+def completion(**choice) -> bytes:
+    return json.dumps({"id": "c", "object": "text_completion", "created": 0, "model": MODEL,
+                       "choices": [{"index": 0, "text": "4", "finish_reason": "stop", "logprobs": None} | choice]
+                       }).encode()
+
+
+def one_turn(generator):
+    return asyncio.run(generator.generate(GenerationRequest([1, 2, 3], SamplingParams(max_new_tokens=4))))
+
+
+def test_a_server_that_never_answers_fails_the_turn_within_the_timeout(tiny_tokenizer):
+    with backend(None) as url:
+        generator = OpenAIGenerator(url, MODEL, tiny_tokenizer, turn_timeout_s=1.0)  # retries included
+        started = time.monotonic()
+        with pytest.raises(ServerError, match=f"{url}/completions did not answer within 1 s "
+                                              r"\(rollout.server_timeout_s\)"):
+            one_turn(generator)
+        assert time.monotonic() - started < 3
+
+
+def test_a_hanging_server_is_an_error_episode_that_names_it_and_is_retried(tiny_model_dir, tmp_path):
+    with backend(None) as url:
+        started = time.monotonic()
+        [trajectory] = trajlab.collect(load_env("arithmetic"), url, out=tmp_path / "t.jsonl", episodes=1,
+                                       tokenizer=str(tiny_model_dir), split="test",
+                                       rollout={"server_timeout_s": 1, "retries": 1, "retry_backoff_s": 0})
+        elapsed = time.monotonic() - started
+    assert trajectory.status == "error" and trajectory.metrics["attempts"] == 2
+    assert f"{url}/completions did not answer within 1 s" in trajectory.error
+    assert elapsed < 15
+
+
+GARBAGE = {  # what a broken or hostile server answered -> what the error must say
+    "a JSON string": (b'"hello"', "reply: Input should be an object"),
+    "no choices": (b'{"foo": 1}', "choices: Field required"),
+    "empty choices": (b'{"choices": []}', "choices: List should have at least 1 item"),
+    "not JSON": (b"<html>busy</html>", "a body that is not JSON: '<html>busy</html>'"),
+    "token ids as text": (completion(token_ids="abc"), "choices.0.token_ids: Input should be a valid array"),
+    "a token id as text": (completion(token_ids=[1, "2"]), "choices.0.token_ids.1: Input should be a valid integer"),
+    "a negative token id": (completion(token_ids=[-1]), "choices.0.token_ids.0: Input should be greater than or "
+                                                        "equal to 0"),
+    "logprobs as text": (completion(token_ids=[5], logprobs={"token_logprobs": ["x"]}),
+                         "choices.0.logprobs.token_logprobs.0: Input should be a valid number"),
+    "text that is no text": (completion(text=5), "choices.0.text: Input should be a valid string"),
+}
+
+
+@pytest.mark.parametrize("case", GARBAGE)
+def test_a_garbage_answer_names_the_url_and_what_was_wrong(tiny_tokenizer, case):
+    reply, expected = GARBAGE[case]
+    with backend(reply) as url, pytest.raises(ServerError, match=re.escape(f"{url}/completions answered ")) as raised:
+        one_turn(OpenAIGenerator(url, MODEL, tiny_tokenizer, turn_timeout_s=10, max_retries=0))
+    assert expected in str(raised.value)
+
+
+def test_a_poisoned_answer_is_an_error_row_and_the_store_resumes(tiny_model_dir, tmp_path):
+    """``token_ids: "abc"`` was written to the store, and every resume refused the file."""
+    out = tmp_path / "t.jsonl"
+    with backend(completion(token_ids="abc")) as url:
+        def run():
+            return trajlab.collect(load_env("arithmetic"), url, out=out, episodes=1, tokenizer=str(tiny_model_dir),
+                                   split="test", rollout={"retries": 0})
+
+        [trajectory] = run()
+        assert trajectory.status == "error" and "choices.0.token_ids: Input should be a valid array" in trajectory.error
+        [again] = run()  # the resume: the error row is run again, not refused
+    assert again.status == "error" and [t.id for t in read_trajectories(out)] == [trajectory.id]

@@ -57,8 +57,8 @@ def _checked(started: list[dict], model_dir) -> None:
 
 def test_collect_and_eval_engines_get_the_model_section(engines, tiny_model_dir):
     model = load_config(None, {"model": SECTION}).model
-    load_rollout_policy(load_env("arithmetic"), str(tiny_model_dir), model=model, max_batch_size=4, tokenizer=None,
-                        demonstrator=None)
+    load_rollout_policy(load_env("arithmetic"), str(tiny_model_dir), model=model,
+                        rollout=RolloutSettings(concurrency=4), tokenizer=None, demonstrator=None)
     _checked(engines, tiny_model_dir)
 
 

@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from trajlab.config import PipelineConfig, load_config
+from trajlab.config import ConfigError, PipelineConfig, load_config
+from trajlab.config.pipeline import read_yaml, yaml_problem
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 console = Console(emoji=False)  # episode ids hold ":train:", which rich would print as an emoji
@@ -43,7 +44,7 @@ class ErrorsAsMessages(TyperGroup):
             if os.environ.get("TRAJLAB_DEBUG"):
                 raise
             # messages quote user input: no markup in them; soft_wrap keeps one line however narrow the terminal
-            console.print(f"[bold red]error:[/] {escape(_message(exc))}", soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(printable(_message(exc)))}", soft_wrap=True)
             raise typer.Exit(code=1) from exc
 
 
@@ -54,6 +55,12 @@ def _message(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{exc.filename}: {exc.strerror or exc}"
     return str(exc)
+
+
+def printable(text: str) -> str:
+    """``text`` with the bytes of a non-UTF-8 argument (Python keeps them as lone surrogates, which no terminal
+    encoding can print) written as ``\\xff``."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def usage_error(message: str) -> typer.Exit:
@@ -157,15 +164,25 @@ def load(config: Path | None, sets: list[str] | None, given: dict[str, Any]) -> 
 
 
 def parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """``--set KEY=VALUE`` items as nested overrides (values read as YAML)."""
+    """``--set KEY=VALUE`` items as nested overrides (values read as YAML).
+
+    Raises:
+        ConfigError: an item that is not UTF-8 text, or whose value is not YAML.
+    """
     import yaml
 
     overrides: dict[str, Any] = {}
     for item in items or []:
+        if printable(item) != item:
+            raise ConfigError(f"--set {printable(item)}: not UTF-8 text; give keys and values in UTF-8.")
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise usage_error(f"--set takes KEY=VALUE (e.g. rl.steps=5), got {item!r}.")
-        _put(overrides, key, yaml.safe_load(value))
+        try:
+            parsed = read_yaml(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item}: the value is not valid YAML: {yaml_problem(exc)}") from exc
+        _put(overrides, key, parsed)
     return overrides
 
 

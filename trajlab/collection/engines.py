@@ -19,19 +19,19 @@ from trajlab.rollout.runner import EpisodeRunner
 
 
 def load_rollout_policy(env: EnvSpec | EnvMixture, policy: PolicyLike | Policy, *, model: ModelSettings,
-                        max_batch_size: int, tokenizer: Any, demonstrator: Demonstrator | None) -> Policy:
+                        rollout: RolloutSettings, tokenizer: Any, demonstrator: Demonstrator | None) -> Policy:
     """The generator, tokenizer and chat template of ``policy`` (see :func:`load_policy`), a model directory placed
-    as ``model`` says, batching up to ``max_batch_size`` turns; for the oracle, ``demonstrator``'s reference under
-    its name.
+    as ``model`` says, batching up to ``rollout.concurrency`` turns, a server given ``rollout.server_timeout_s`` a
+    turn; for the oracle, ``demonstrator``'s reference under its name.
 
     Raises:
         UserError: the env's tools return images and the policy is a text model.
     """
     oracle = demonstrator.reference if demonstrator is not None else env.oracle
     loaded = load_policy(policy, tokenizer=tokenizer, oracle=oracle, device=model.device, dtype=model.dtype,
-                         backend=model.backend, max_batch_size=max_batch_size, vision=env.shows_images,
+                         backend=model.backend, max_batch_size=rollout.concurrency, vision=env.shows_images,
                          template_kwargs=model.chat_template_kwargs, engine_args=model.engine_args(),
-                         vllm_batching=model.vllm.batching)
+                         vllm_batching=model.vllm.batching, server_timeout_s=rollout.server_timeout_s)
     if demonstrator is not None:
         loaded.generator.name = demonstrator.name  # each trajectory's policy
     if env.shows_images and loaded.processor is None:
@@ -73,7 +73,7 @@ def build_runner(env: EnvSpec | EnvMixture, policy: PolicyLike | Policy, *, roll
     """
     env, rollout = resolve_prompts(env, rollout)
     if not rollout.workers:
-        loaded = load_rollout_policy(env, policy, model=model, max_batch_size=rollout.concurrency, tokenizer=tokenizer,
+        loaded = load_rollout_policy(env, policy, model=model, rollout=rollout, tokenizer=tokenizer,
                                      demonstrator=demonstrator)
         return rollout_engine(env, loaded, rollout=rollout, temperature=temperature, seed=seed)
     from trajlab.collection.workers import RayRolloutRunner, WorkerSpec

@@ -73,7 +73,7 @@ class RolloutWorker:
         """``held``: a replacement, whose episodes wait until :meth:`take_over` gave it what the others have."""
         from trajlab.collection.engines import load_rollout_policy, rollout_engine
 
-        policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, max_batch_size=spec.rollout.concurrency,
+        policy = load_rollout_policy(spec.env, spec.policy, model=spec.model, rollout=spec.rollout,
                                      tokenizer=spec.tokenizer, demonstrator=None)
         self.generator = policy.generator
         self.engine = rollout_engine(spec.env, policy, rollout=spec.rollout, temperature=spec.temperature,

@@ -30,6 +30,7 @@ from trajlab.config.sections import (
 from trajlab.config.tasks import TasksSettings
 from trajlab.env.mixture import EnvMixture, load_envs
 from trajlab.env.registry import EnvSpec
+from trajlab.errors import refuse_special_file
 from trajlab.tracking import TrackerName
 
 Stage = Literal["collect", "sft", "eval", "rl", "evolve"]
@@ -116,12 +117,16 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> Pipel
     data, source = {}, "the command's options"
     if path is not None:
         path = source = Path(path)
+        refuse_special_file(path, "a config file (YAML)")  # a FIFO would block the read, a device never end it
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = read_yaml(path.read_text()) or {}
         except (FileNotFoundError, IsADirectoryError) as exc:
             raise ConfigError(f"{path}: no such config file") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                              "a config is a YAML file in UTF-8") from exc
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+            raise ConfigError(f"{path}: not valid YAML: {yaml_problem(exc)}") from exc
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: a config is a mapping of sections, got {type(data).__name__}")
     _merge(data, overrides or {})
@@ -129,6 +134,36 @@ def load_config(path: str | Path | None, overrides: dict | None = None) -> Pipel
         return PipelineConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{source}: invalid config: {describe_errors(exc)}") from exc
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last one silently; YAML
+    says keys are unique). PyYAML has no option for it; its constructor is the documented place to add one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: explicit keys may override merged ones
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base constructor says so
+                continue
+            if seen is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen.line + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as data, as ``yaml.safe_load`` reads it except that a key given twice in a mapping is an error.
+
+    Raises:
+        yaml.YAMLError: the text is not YAML, or repeats a key (the problem's mark gives the line).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def _merge(base: dict, overrides: dict) -> None:
@@ -139,7 +174,7 @@ def _merge(base: dict, overrides: dict) -> None:
             base[key] = value
 
 
-def _yaml_problem(error: yaml.YAMLError) -> str:
+def yaml_problem(error: yaml.YAMLError) -> str:
     """PyYAML's problem and its line and column, in one line (its own message spans several, with a caret)."""
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]

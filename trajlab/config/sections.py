@@ -13,7 +13,7 @@ from trajlab.env.mixture import EnvMixture
 from trajlab.env.prompts import check_prompt_sources, prompted
 from trajlab.env.registry import EnvSpec
 from trajlab.errors import UserError
-from trajlab.inference.base import DEFAULT_BATCHING, Batching
+from trajlab.inference.base import DEFAULT_BATCHING, DEFAULT_SERVER_TIMEOUT_S, Batching
 from trajlab.models.devices import AUTO
 from trajlab.rewards import RewardConfig
 
@@ -122,6 +122,10 @@ class RolloutSettings(LimitSettings):
     that could not start, an InfrastructureError) is run again before it is kept as an error."""
     retry_backoff_s: float = Field(1.0, ge=0)
     """Wait before the first retry of an episode, doubling with each further one."""
+    server_timeout_s: float = Field(DEFAULT_SERVER_TIMEOUT_S, gt=0)
+    """The most one model turn may take on an OpenAI-compatible server (a policy http://host:port/v1,
+    model.vllm.server), queueing and retries included; a server silent that long fails the episode (status error,
+    naming the server, run again as retries says)."""
     workers: int = Field(0, ge=0)
     """Ray actors that run the episodes, each with its own generator and envs (0: in this process). Needs the
     policy as a model directory, a server URL or oracle, and `pip install 'trajlab[ray]'`."""

@@ -2,7 +2,9 @@
 
 A crash (even ``kill -9``) can only cut the line being written; opening the store again drops that partial tail,
 so earlier lines are never lost and a resumed run skips every episode id already on disk. One writer per file is
-enforced with an advisory lock.
+enforced with an advisory lock. Every line is checked against the schema it will be read with before it is written:
+a trajectory that would not read back (a backend's tokens that are not integers) is stored as an ``error`` row
+with the reason instead, so a file never holds a line that makes the next run refuse it.
 
 The images a trajectory's model saw live beside the file, in ``<name>.images/`` (``trajectories.jsonl`` ->
 ``trajectories.images/``), one PNG per image named by its hash (:mod:`trajlab.rollout.images`); they are written
@@ -21,6 +23,7 @@ from types import TracebackType
 
 from pydantic import ValidationError
 
+from trajlab.errors import UserError, refuse_special_file
 from trajlab.rollout.types import TaskKey, Trajectory, task_key
 
 
@@ -99,9 +102,34 @@ def _parse_line(raw: bytes, path: str | Path, number: int) -> Trajectory:
             trajectory.attach_images(directory=image_dir(path))
         return trajectory
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()[:3])
-        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
-        raise StoreError(f"{path}:{number}: not a valid trajectory: {problems}{more}") from exc
+        raise StoreError(f"{path}:{number}: not a valid trajectory: {_problems(exc)}") from exc
+
+
+def _problems(error: ValidationError) -> str:
+    """The first three problems of a validation error in one line, each with where it is."""
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in error.errors()[:3])
+    return problems + (f" (and {error.error_count() - 3} more)" if error.error_count() > 3 else "")
+
+
+def _line(trajectory: Trajectory) -> bytes:
+    """The trajectory as the line to append, checked against the schema it is read back with.
+
+    Raises:
+        ValueError, TypeError: the line would not read back (pydantic's ``ValidationError``), or the trajectory holds
+            values JSON cannot carry (the encoder's).
+    """
+    line = (json.dumps(trajectory.model_dump(mode="json", warnings=False), ensure_ascii=False) + "\n").encode()
+    Trajectory.model_validate_json(line)
+    return line
+
+
+def _error_row(trajectory: Trajectory, problem: Exception) -> Trajectory:
+    """What is stored of a trajectory whose line would not read back: the episode as an ``error`` (run again on
+    resume, never trained on) with the reason, and none of the parts that could hold the bad values."""
+    reason = _problems(problem) if isinstance(problem, ValidationError) else f"{type(problem).__name__}: {problem}"
+    return Trajectory(id=trajectory.id, env=trajectory.env, task=trajectory.task, messages=[], tools=[], reward=0.0,
+                      status="error", stop_reason="exception", policy=trajectory.policy, split=trajectory.split,
+                      group=trajectory.group, error=f"not stored as it was: {reason}")
 
 
 class TrajectoryStore:
@@ -119,6 +147,10 @@ class TrajectoryStore:
         self._fd: int | None = None
 
     def __enter__(self) -> TrajectoryStore:
+        try:  # a device never ends and a FIFO blocks: reading either back would never finish
+            refuse_special_file(self.path, "the path of a trajectory file (JSONL)")
+        except UserError as exc:
+            raise StoreError(str(exc)) from None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
@@ -156,7 +188,8 @@ class TrajectoryStore:
             os.truncate(self.path, complete)
 
     def append(self, trajectory: Trajectory) -> None:
-        """Write one trajectory as one line, durably, before returning.
+        """Write one trajectory as one line, durably, before returning; one that would not read back is written as
+        an ``error`` row that says why (:func:`_error_row`).
 
         Raises:
             StoreError: the line could not be written whole (disk full, quota); the file is cut back to the
@@ -166,7 +199,15 @@ class TrajectoryStore:
             raise RuntimeError("TrajectoryStore is not open; use it as a context manager")
         if trajectory.id in self.ids:
             raise StoreError(f"episode {trajectory.id!r} is already in {self.path}")
-        line = (json.dumps(trajectory.model_dump(mode="json"), ensure_ascii=False) + "\n").encode()
+        try:
+            line = _line(trajectory)
+        except (ValueError, TypeError) as exc:
+            trajectory = _error_row(trajectory, exc)
+            try:
+                line = _line(trajectory)
+            except (ValueError, TypeError) as again:  # the task itself cannot be stored: no row can say so
+                raise StoreError(f"{self.path}: cannot store episode {trajectory.id!r}: {trajectory.error}; and its "
+                                 f"task cannot be stored either ({type(again).__name__}: {again})") from again
         before = os.fstat(self._fd).st_size
         try:
             if trajectory.images:

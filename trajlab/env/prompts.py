@@ -16,6 +16,7 @@ from pathlib import Path
 from trajlab.env.base import tool_names
 from trajlab.env.mixture import EnvMixture
 from trajlab.env.registry import EnvSpec
+from trajlab.errors import refuse_special_file
 
 SYSTEM_PROMPT = "system_prompt"
 TOOL_PREFIX = "tool:"
@@ -32,6 +33,7 @@ def read_prompt_file(path: str | Path) -> dict[str, str]:
         ValueError: the file is missing, or a JSON file is not an object of texts keyed by component names.
     """
     path = Path(path)
+    refuse_special_file(path, "a prompt file (best_candidate.json or a text file)")
     try:
         text = path.read_text()
     except OSError as exc:

@@ -18,6 +18,7 @@ from typing import Any
 
 from trajlab.env.base import tool_names, tool_schemas
 from trajlab.env.limits import EpisodeLimits
+from trajlab.errors import refuse_special_file
 
 TaskGenerator = Callable[..., Iterable[dict[str, Any]]]
 """``tasks(split, seed, **knobs)``: the tasks of a split, in a fixed order for a given seed; ``knobs`` are the
@@ -58,6 +59,9 @@ class EnvSpec:
     system_prompt: str | None = None
     splits: tuple[str, ...] = ("train", "test")
     metadata: dict[str, Any] = field(default_factory=dict)
+    check_task: Callable[[dict[str, Any]], list[str]] | None = None
+    """What else makes a given task one this env cannot run (a value outside its choices, say), as problems; run by
+    :meth:`task_check` on tasks whose fields have the right types, so a bad row is refused before any episode."""
     tool_descriptions: dict[str, str] = field(default_factory=dict)
     """Descriptions shown to the model instead of the docstrings' (e.g. evolved by ``trajlab evolve``)."""
     limits: EpisodeLimits = field(default_factory=EpisodeLimits)
@@ -132,9 +136,10 @@ class EnvSpec:
 
     def task_check(self) -> Callable[[dict[str, Any]], list[str]]:
         """A check of given tasks against this env's own: it lists what makes a task unlike them (a field every one
-        of them has that it lacks, a value of another JSON type than theirs). Run before any episode, so a bad row of
-        a tasks file is refused with its line number instead of stored as an ``error`` episode. An env without a
-        task generator has no reference, and nothing is checked."""
+        of them has that it lacks, a value of another JSON type than theirs), then what the env's ``check_task``
+        finds. Run before any episode, so a bad row of a tasks file is refused with its line number instead of
+        stored as an ``error`` episode. An env without a task generator has no reference: only ``check_task``
+        runs."""
         reference = [] if self.tasks is None else list(itertools.islice(self.iter_tasks(self.splits[0], PROBE_SEED),
                                                                          TASK_REFERENCE_SIZE))
         fields = sorted(set.intersection(*(set(t) for t in reference)) - {"task_id", "env"}) if reference else []
@@ -149,6 +154,8 @@ class EnvSpec:
                 elif len(kinds[key]) == 1 and _json_kind(task[key]) not in kinds[key]:
                     found.append(f"field {key!r} is a {_json_kind(task[key])} ({task[key]!r}) where {self.name}'s "
                                  f"tasks have a {_json_kind(example)}, e.g. {example!r}")
+            if not found and self.check_task is not None:
+                found = self.check_task(task)
             return found
 
         return problems
@@ -245,6 +252,7 @@ def _json_kind(value: Any) -> str:
 
 def read_tasks_file(path: str | Path) -> list[dict[str, Any]]:
     """Tasks from a JSONL file, one JSON object (the kwargs of ``reset``) per line."""
+    refuse_special_file(path, "a tasks file (JSONL)")  # a device would never end, a FIFO block
     try:
         text = Path(path).read_text()
     except (FileNotFoundError, IsADirectoryError) as exc:

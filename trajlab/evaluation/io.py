@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from trajlab.errors import UserError, refuse_special_file
 from trajlab.evaluation.metrics import EvalReport
 
 
@@ -31,6 +32,10 @@ def load_report(path: str | Path) -> EvalReport:
         ReportError: the file is missing, not JSON, or not an eval report; the message names the file.
     """
     path = Path(path)
+    try:
+        refuse_special_file(path, "an eval report (eval.json, as `trajlab eval` writes)")
+    except UserError as exc:
+        raise ReportError(str(exc)) from None
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

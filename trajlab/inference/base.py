@@ -14,6 +14,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 Batching = Literal["continuous", "lockstep"]
 DEFAULT_BATCHING: Batching = "continuous"
 """How the vllm backend hands episodes' turns to its engine unless told otherwise (``model.vllm.batching``)."""
+DEFAULT_SERVER_TIMEOUT_S = 600.0
+"""The most one model turn may take on an OpenAI-compatible server unless told otherwise
+(``rollout.server_timeout_s``)."""
 
 
 def is_server_url(spec: str) -> bool:

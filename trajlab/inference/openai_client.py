@@ -8,6 +8,11 @@ A server that returns text only (no ``token_ids``) still works, but its turns ar
 local tokenizer: the ids may differ from what the model sampled and their logprobs are unknown. Such results are
 flagged ``text_only`` (the engine marks the trajectory ``metrics["text_only"] = 1.0``) and the generator warns once.
 
+A turn has ``turn_timeout_s`` (``rollout.server_timeout_s``) in all, retries included: a server that does not answer
+by then fails the turn, and so the episode (status ``error``, run again as infrastructure errors are), naming its
+URL. A reply is checked against the shape this client reads before any of it is used: a server that answers
+something else (not JSON, no choices, token ids that are not integers) is an error that names the URL and the field.
+
 Logprobs are whatever the server reports for the sampled tokens: ``trajlab serve`` reports the distribution it
 sampled from (logits / temperature, top-p truncated and renormalised) like the ``hf`` generator; vLLM by default
 reports the raw model distribution's (see its ``--logprobs-mode``).
@@ -19,18 +24,37 @@ import asyncio
 import logging
 import math
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import openai
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 from transformers import PreTrainedTokenizerBase
 
-from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
+from trajlab.inference.base import DEFAULT_SERVER_TIMEOUT_S, GenerationRequest, GenerationResult, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
     """The server could not be reached, refused a request, or answered in a shape this backend cannot use."""
+
+
+class _Logprobs(BaseModel):
+    token_logprobs: list[float | None] | None = None
+
+
+class _Choice(BaseModel):
+    """What this client reads of a completion choice (other fields are the server's own and ignored)."""
+
+    text: str = ""
+    token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    logprobs: _Logprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class _Reply(BaseModel):
+    choices: list[_Choice] = Field(min_length=1)
 
 
 def split_policy_url(policy: str) -> tuple[str, str | None]:
@@ -73,9 +97,11 @@ class OpenAIGenerator:
         tokenizer: the served model's tokenizer: the engine renders prompts with it, and text-only replies are
             re-tokenized with it.
         api_key: bearer key; default ``$OPENAI_API_KEY``, else none.
-        timeout_s: the most one turn may take, queueing on the server included.
+        turn_timeout_s: the most one turn may take, queueing on the server and retries included
+            (``rollout.server_timeout_s``).
         connect_timeout_s: the most opening a connection may take.
-        max_retries: retries of a failed call (connection errors, 408/429/5xx) with backoff, by the ``openai`` client.
+        max_retries: retries of a failed call (connection errors, 408/429/5xx) with backoff, by the ``openai`` client,
+            within ``turn_timeout_s``.
         name: the policy name written into trajectories (default: ``base_url#model``).
     """
 
@@ -86,7 +112,7 @@ class OpenAIGenerator:
         tokenizer: PreTrainedTokenizerBase,
         *,
         api_key: str | None = None,
-        timeout_s: float = 600.0,
+        turn_timeout_s: float = DEFAULT_SERVER_TIMEOUT_S,
         connect_timeout_s: float = 10.0,
         max_retries: int = 2,
         name: str | None = None,
@@ -95,7 +121,8 @@ class OpenAIGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.api_key = api_key_or_placeholder(api_key)
-        self.timeout = openai.Timeout(timeout_s, connect=connect_timeout_s)
+        self.turn_timeout_s = turn_timeout_s
+        self.timeout = openai.Timeout(turn_timeout_s, connect=min(connect_timeout_s, turn_timeout_s))
         self.max_retries = max_retries
         self.name = name or f"{self.base_url}#{model}"
         self.text_only = False
@@ -114,27 +141,46 @@ class OpenAIGenerator:
             extra["top_k"] = params.top_k  # vLLM; trajlab serve ignores it
         self.batches += 1
         try:
-            response = await self._connection().completions.create(
-                model=self.model, prompt=request.prompt_ids, max_tokens=params.max_new_tokens,
-                temperature=params.temperature, top_p=params.top_p, logprobs=0, n=1, seed=request.seed,
-                extra_body=extra,
-            )
+            async with asyncio.timeout(self.turn_timeout_s):  # the openai client's own timeout is per attempt
+                response = await self._connection().completions.with_raw_response.create(
+                    model=self.model, prompt=request.prompt_ids, max_tokens=params.max_new_tokens,
+                    temperature=params.temperature, top_p=params.top_p, logprobs=0, n=1, seed=request.seed,
+                    extra_body=extra,
+                )
+        except (TimeoutError, openai.APITimeoutError) as exc:
+            raise ServerError(f"{self.base_url}/completions did not answer within {self.turn_timeout_s:g} s "
+                              "(rollout.server_timeout_s): is the server stuck or overloaded? Raise the setting for "
+                              "turns that take longer.") from exc
         except openai.APIConnectionError as exc:
             raise ServerError(f"cannot reach {self.base_url} ({_cause(exc)}): is the server still running?") from exc
         except openai.APIStatusError as exc:
             raise ServerError(f"{self.base_url}/completions answered HTTP {exc.status_code}: {_message(exc)}; the "
                               "backend needs a /v1/completions endpoint that accepts token-id prompts.") from exc
-        if not response.choices:
-            raise ServerError(f"{self.base_url}/completions answered with no choices")
-        choice = response.choices[0]
+        choice = self._choice(response.content)
         finish = _finish_reason(choice.finish_reason, self.base_url)
-        token_ids = getattr(choice, "token_ids", None)
-        if token_ids is None:
-            return self._retokenized(choice.text, finish, getattr(choice, "stop_reason", None), params)
+        if choice.token_ids is None:
+            return self._retokenized(choice.text, finish, choice.stop_reason, params)
         logprobs = choice.logprobs.token_logprobs if choice.logprobs is not None else None
-        if logprobs is None or len(logprobs) != len(token_ids):
-            logprobs = [None] * len(token_ids)
-        return GenerationResult(list(token_ids), [_finite(lp) for lp in logprobs], finish)
+        if logprobs is None or len(logprobs) != len(choice.token_ids):
+            logprobs = [None] * len(choice.token_ids)
+        return GenerationResult(choice.token_ids, [_finite(lp) for lp in logprobs], finish)
+
+    def _choice(self, body: bytes) -> _Choice:
+        """The reply's first choice, checked against what this client reads.
+
+        Raises:
+            ServerError: the body is not JSON, or not a completion of that shape; names the URL and each problem.
+        """
+        try:
+            return _Reply.model_validate_json(body).choices[0]
+        except ValidationError as exc:
+            if exc.errors()[0]["type"] == "json_invalid":
+                problem = f"a body that is not JSON: {body[:200].decode(errors='replace')!r}"
+            else:
+                problem = "a reply this backend cannot use: " + "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()[:3])
+            raise ServerError(f"{self.base_url}/completions answered {problem}. The backend needs an OpenAI "
+                              "completion: choices[0] with text, or token_ids (integers) and logprobs.") from exc
 
     def _retokenized(self, text: str, finish: str, stop_reason: Any, params: SamplingParams) -> GenerationResult:
         """A text-only reply as tokens: the text re-tokenized, plus the stop token when the turn ended on one."""

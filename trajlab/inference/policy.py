@@ -16,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trajlab.chat.context import TemplateContext
 from trajlab.chat.template import resolve_chat
 from trajlab.errors import UserError
-from trajlab.inference.base import DEFAULT_BATCHING, Batching, Generator, is_server_url
+from trajlab.inference.base import DEFAULT_BATCHING, DEFAULT_SERVER_TIMEOUT_S, Batching, Generator, is_server_url
 from trajlab.models.devices import AUTO
 
 PolicyLike = str | Path | Generator | PreTrainedModel
@@ -50,6 +50,7 @@ def load_policy(
     template_kwargs: Mapping[str, Any] | None = None,
     engine_args: dict[str, Any] | None = None,
     vllm_batching: Batching = DEFAULT_BATCHING,
+    server_timeout_s: float = DEFAULT_SERVER_TIMEOUT_S,
 ) -> Policy:
     """Build the policy a user named.
 
@@ -68,6 +69,7 @@ def load_policy(
         engine_args: the vllm backend's ``vllm.LLM`` arguments (``ModelSettings.engine_args``: the dtype unless
             auto, memory share, context length, eager); None: the checkpoint's dtype and the engine's defaults.
         vllm_batching: the vllm backend's ``continuous`` or ``lockstep`` batching (``model.vllm.batching``).
+        server_timeout_s: the most one turn may take on a server policy (``rollout.server_timeout_s``).
 
     Raises:
         UserError: what is missing or wrong, and how to fix it.
@@ -81,7 +83,7 @@ def load_policy(
         if spec == "oracle":
             return oracle_policy(oracle, tokenizer, vision, template_kwargs)
         if is_server_url(spec):
-            return _server_policy(spec, tokenizer, template_kwargs)
+            return _server_policy(spec, tokenizer, template_kwargs, server_timeout_s)
         spec = str(_model_dir(spec))
         loaded = _tokenizer(tokenizer or spec)
         processor = _processor(spec)
@@ -166,7 +168,7 @@ def oracle_policy(oracle: Any, tokenizer: str | Path | PreTrainedTokenizerBase |
 
 
 def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | None,
-                   template_kwargs: Mapping[str, Any] | None) -> Policy:
+                   template_kwargs: Mapping[str, Any] | None, timeout_s: float) -> Policy:
     """An OpenAI-compatible server, read with the local tokenizer of the model it serves."""
     from trajlab.inference.openai_client import OpenAIGenerator, served_model, split_policy_url
 
@@ -178,4 +180,5 @@ def _server_policy(url: str, tokenizer: str | Path | PreTrainedTokenizerBase | N
     loaded = _tokenizer(tokenizer)
     processor = _processor(str(tokenizer)) if isinstance(tokenizer, str | Path) else None
     template, context = resolve_chat(loaded, template_kwargs)
-    return Policy(OpenAIGenerator(base_url, model, loaded), loaded, template, processor, context)
+    return Policy(OpenAIGenerator(base_url, model, loaded, turn_timeout_s=timeout_s), loaded, template, processor,
+                  context)

@@ -230,7 +230,7 @@ def _token_budget(curriculum: Curriculum) -> int:
     return max(limit.max_turns * limit.max_new_tokens for limit in limits)
 
 
-def _server_sampler(url: str, lora_rank: int | None, tokenizer: Any, out: Path) -> Generator:
+def _server_sampler(url: str, lora_rank: int | None, tokenizer: Any, out: Path, timeout_s: float) -> Generator:
     """A running ``vllm serve`` (``model.vllm.server``) as the sampler: rollouts over its API; after each update the
     trained adapter (written under the run directory) loaded into it, or without LoRA every weight broadcast to it,
     through a transfer group opened here, before the first step, so a server that cannot take them fails first."""
@@ -242,7 +242,7 @@ def _server_sampler(url: str, lora_rank: int | None, tokenizer: Any, out: Path) 
         model = served_model(base_url, name)
     except ValueError as exc:
         raise UserError(f"model.vllm.server: {exc}") from exc
-    sampler = VLLMServerGenerator(base_url, model, tokenizer, adapter_dir=out / "adapters")
+    sampler = VLLMServerGenerator(base_url, model, tokenizer, adapter_dir=out / "adapters", turn_timeout_s=timeout_s)
     if lora_rank is None:
         try:
             sampler.connect_weight_transfer()
@@ -259,7 +259,7 @@ def _vllm_sampler(model: str | Path | PreTrainedModel, placed: ModelSettings, ro
     from trajlab.inference.vllm import VLLMGenerator, adapter_engine_args
 
     if placed.vllm.server:
-        return _server_sampler(placed.vllm.server, lora_rank, tokenizer, out)
+        return _server_sampler(placed.vllm.server, lora_rank, tokenizer, out, rollout.server_timeout_s)
 
     if not isinstance(model, str | Path):
         raise UserError("the vllm backend starts its engine from a model directory: save the model "

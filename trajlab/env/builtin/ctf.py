@@ -250,6 +250,13 @@ def tasks(split: str, seed: int, min_layers: int = MIN_LAYERS, max_layers: int =
     yield from chosen
 
 
+def task_problems(task: dict[str, Any]) -> list[str]:
+    """A given task's kind must be a challenge kind: any other fails every episode at ``reset``."""
+    if task.get("kind") in KINDS:
+        return []
+    return [f"field 'kind' is {task.get('kind')!r}, not one of {', '.join(map(repr, KINDS))}"]
+
+
 @cache
 def encoding_layers(seed: int) -> int:
     """How many layers of encoding the encoding challenge of a layout seed has (its layout does not depend on the
@@ -279,4 +286,4 @@ KNOBS = (
 )
 
 SPEC = EnvSpec(name="ctf", env_cls=CTF, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT, limits=LIMITS,
-               knobs=KNOBS)
+               knobs=KNOBS, check_task=task_problems)
