@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trajlab.sandbox import SandboxLimits, probe_protections
+from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -126,3 +126,22 @@ for _ in range(16):
 def sysv_pin_command() -> str:
     """:data:`SYSV_PIN` as a shell command (the sandbox's Python reads it from stdin)."""
     return f"echo {base64.b64encode(SYSV_PIN.encode()).decode()} | base64 -d | python3 -"
+
+
+#: What a command reads to learn where its sandbox lives on the host, one read at a time (whole mount tables would go
+#: over a test's output cap): the root and mount point of each mount, each mount's source and mount point.
+WHERE_AM_I = ("cut -d' ' -f4,5 /proc/self/mountinfo", "cut -d' ' -f4,5 /proc/1/mountinfo",
+              "cut -d' ' -f1,2 /proc/self/mounts", "pwd; echo $HOME; echo $TMPDIR")
+
+
+def host_paths_seen(box: Sandbox) -> list[str]:
+    """The host paths a command of ``box`` finds in its mount tables, working directory and environment: the
+    sandbox's host directory, any sandbox's (as root under ``/run``, without under ``/tmp``), this checkout, and what
+    the host's ``/etc`` symlinks point to (a bind of one shows its target)."""
+    results = [box.run(command) for command in WHERE_AM_I]
+    assert all(result.exit_code == 0 and not result.stdout_truncated for result in results), results
+    seen = "".join(result.stdout for result in results)
+    needles = {str(box.path), "/run/trajlab-sandboxes", "trajlab-sandbox-", str(REPO)}
+    needles |= {os.path.realpath(f"/etc/{name}") for name in ("localtime", "os-release")
+                if os.path.islink(f"/etc/{name}")}
+    return sorted(needle for needle in needles if needle in seen)
