@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+from trajlab.sandbox.session import SERVER_INSIDE
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -89,6 +90,24 @@ def _traversable(*paths: Path) -> Iterator[None]:
     finally:
         for folder, mode in changed.items():
             folder.chmod(stat.S_IMODE(mode))
+
+
+def server_of(box: Sandbox) -> int:
+    """The pid of ``box``'s command server: bwrap's child, bwrap being the process started in the sandbox's host
+    directory (the server's own cwd is /sandbox, in its namespace). Another user's processes (the root tests') are
+    skipped, as unreadable."""
+    def cwd(pid: int) -> str:
+        with contextlib.suppress(OSError):
+            return os.readlink(f"/proc/{pid}/cwd")
+        return ""
+
+    def parent(pid: int) -> int:
+        with contextlib.suppress(OSError):
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return 0
+
+    return next(pid for pid in live_processes(SERVER_INSIDE)
+                if cwd(parent(pid)) == str(box.path) and cwd(pid) != str(box.path))
 
 
 def leftovers(marker: str) -> str:

@@ -13,9 +13,8 @@ pytestmark = needs_bwrap
 # What an unprivileged host sees of one sandbox, as JSON on stdout.
 SCENARIO = """
 import dataclasses, json, os, signal
-from tests.sandbox.helpers import host_paths_seen, live_processes
+from tests.sandbox.helpers import host_paths_seen, server_of
 from trajlab.sandbox import Sandbox, SandboxError, SandboxLimits
-from trajlab.sandbox.session import SERVER_INSIDE
 report = {}
 limits = SandboxLimits(disk_bytes=1 << 20, inodes=64, file_size_bytes=4 << 20, wall_timeout_s=1.0)
 with Sandbox(limits) as box:
@@ -33,12 +32,7 @@ with Sandbox(limits) as box:
     box.run("rm -f f*")
     report["timed_out"] = box.run("sleep 5").timed_out
     report["after_timeout"] = box.run("cat out.txt").stdout
-    def cwd(pid):  # other users' servers (the root tests' own) cannot be read, and are not this one
-        try:
-            return os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            return ""
-    os.kill(next(pid for pid in live_processes(SERVER_INSIDE) if cwd(pid) == str(box.path)), signal.SIGKILL)
+    os.kill(server_of(box), signal.SIGKILL)
     try:
         box.run("true")
         box.run("true")
