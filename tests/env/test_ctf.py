@@ -60,7 +60,9 @@ def flag_of_hidden(env: CTF) -> str:
 
 
 def sandbox_dir(env: CTF) -> Path:
-    return Path(env.run("pwd").splitlines()[0])
+    """The episode's working directory on the host (its commands see it at /sandbox under bubblewrap)."""
+    assert env._sandbox is not None
+    return env._sandbox.path
 
 
 def service_seed(bug: str) -> int:
@@ -251,9 +253,9 @@ def test_concurrent_episodes_cannot_read_or_touch_each_others_files():
     task = task_of("hidden", 4)
     first, second = started(task), started(task)
     flag = flag_of_hidden(first)
-    where = first.run(r"pwd; grep -rlE 'flag\{[0-9a-f]{24}\}' .").splitlines()
-    home, path = where[0], where[1].removeprefix("./")
-    assert sandbox_dir(second) != Path(home)
+    path = first.run(r"grep -rlE 'flag\{[0-9a-f]{24}\}' .").splitlines()[0].removeprefix("./")
+    home = sandbox_dir(first)  # where the host keeps it: what another episode would have to reach
+    assert sandbox_dir(second) != home
     peek = second.run(f"cat {home}/{path}; ls -la {home}; find {home}; echo x > {home}/planted")
     assert flag not in peek
     if PROTECTIONS.bubblewrap:  # another episode's directory is not in this sandbox's view at all

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from trajlab.sandbox import SandboxLimits, probe_protections
+from trajlab.sandbox import Sandbox, SandboxLimits, probe_protections
+from trajlab.sandbox.session import SERVER_INSIDE
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -91,6 +92,24 @@ def _traversable(*paths: Path) -> Iterator[None]:
             folder.chmod(stat.S_IMODE(mode))
 
 
+def server_of(box: Sandbox) -> int:
+    """The pid of ``box``'s command server: bwrap's child, bwrap being the process started in the sandbox's host
+    directory (the server's own cwd is /sandbox, in its namespace). Another user's processes (the root tests') are
+    skipped, as unreadable."""
+    def cwd(pid: int) -> str:
+        with contextlib.suppress(OSError):
+            return os.readlink(f"/proc/{pid}/cwd")
+        return ""
+
+    def parent(pid: int) -> int:
+        with contextlib.suppress(OSError):
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return 0
+
+    return next(pid for pid in live_processes(SERVER_INSIDE)
+                if cwd(parent(pid)) == str(box.path) and cwd(pid) != str(box.path))
+
+
 def leftovers(marker: str) -> str:
     """Processes whose command line holds ``marker``, waiting a little for killed ones to be reaped."""
     deadline = time.monotonic() + 2.0
@@ -126,3 +145,22 @@ for _ in range(16):
 def sysv_pin_command() -> str:
     """:data:`SYSV_PIN` as a shell command (the sandbox's Python reads it from stdin)."""
     return f"echo {base64.b64encode(SYSV_PIN.encode()).decode()} | base64 -d | python3 -"
+
+
+#: What a command reads to learn where its sandbox lives on the host, one read at a time (whole mount tables would go
+#: over a test's output cap): the root and mount point of each mount, each mount's source and mount point.
+WHERE_AM_I = ("cut -d' ' -f4,5 /proc/self/mountinfo", "cut -d' ' -f4,5 /proc/1/mountinfo",
+              "cut -d' ' -f1,2 /proc/self/mounts", "pwd; echo $HOME; echo $TMPDIR")
+
+
+def host_paths_seen(box: Sandbox) -> list[str]:
+    """The host paths a command of ``box`` finds in its mount tables, working directory and environment: the
+    sandbox's host directory, any sandbox's (as root under ``/run``, without under ``/tmp``), this checkout, and what
+    the host's ``/etc`` symlinks point to (a bind of one shows its target)."""
+    results = [box.run(command) for command in WHERE_AM_I]
+    assert all(result.exit_code == 0 and not result.stdout_truncated for result in results), results
+    seen = "".join(result.stdout for result in results)
+    needles = {str(box.path), "/run/trajlab-sandboxes", "trajlab-sandbox-", str(REPO)}
+    needles |= {os.path.realpath(f"/etc/{name}") for name in ("localtime", "os-release")
+                if os.path.islink(f"/etc/{name}")}
+    return sorted(needle for needle in needles if needle in seen)

@@ -69,6 +69,18 @@ def _in_stderr(needle: str) -> Check:
     return lambda result, _: needle in result["stderr"] and not result["timed_out"]
 
 
+#: Where the host keeps sandboxes, this checkout, and the targets of the host's /etc symlinks (a bind of one shows its
+#: target): none may appear in what a command reads of its mounts, working directory and environment.
+_HOST_PATHS = ("/run/trajlab-sandboxes", "trajlab-sandbox-", str(REPO),
+               *(os.path.realpath(f"/etc/{name}") for name in ("localtime", "os-release")
+                 if os.path.islink(f"/etc/{name}")))
+
+
+def _no_host_path(result: dict[str, Any], report: dict[str, Any]) -> bool:
+    seen = result["stdout"]
+    return not result["stdout_truncated"] and not any(path in seen for path in (*_HOST_PATHS, *report["paths"]))
+
+
 def _capped(held_bytes: Callable[[dict[str, Any]], int], *caps: str) -> Check:
     """Where the mode has any of ``caps``, the bytes the command held (at once) stay within total_memory_bytes; where
     it has none, strong isolation is refused naming the memory cap, and an opt-out by that name warns."""
@@ -209,6 +221,8 @@ ATTACKS = [
     Attack("the_32_bit_entry", _INT_0X80 if platform.machine() == "x86_64" else "echo 1", _all_eperm(1)),
     Attack("trace_pid_1", _PID_1, _pid_1_untouched),
     Attack("command_line_of_pid_1", r"tr '\0' ' ' < /proc/1/cmdline", _not_in_stdout("--info-fd", "--unshare-all")),
+    Attack("where_the_host_keeps_it", "cut -d' ' -f4,5 /proc/self/mountinfo /proc/1/mountinfo; "
+           "cut -d' ' -f1,2 /proc/self/mounts; pwd; echo $HOME $TMPDIR", _no_host_path),
     # Outliving the command, and the host.
     Attack("setsid_daemon", f"setsid sleep 1000.{MARK} > /dev/null 2>&1 < /dev/null & sleep 0.2", lambda r, _: True),
     Attack("double_fork", f"(sh -c 'sleep 1001.{MARK}' > /dev/null 2>&1 &); sleep 0.2", lambda r, _: True),

@@ -19,7 +19,7 @@ def test_host_secrets_do_not_leak(sandbox: Sandbox, monkeypatch: pytest.MonkeyPa
     assert "sk-very-secret-value" not in result.stdout
     environment = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert set(environment) <= {"PATH", "HOME", "TMPDIR", "LANG", "PWD"}
-    assert environment["HOME"] == environment["TMPDIR"] == str(sandbox.path)
+    assert environment["HOME"] == environment["TMPDIR"] == str(sandbox.inside_path)
     if PROTECTIONS.private_uid:  # nor can the command read them from the host process
         assert sandbox.run(f"cat /proc/{os.getpid()}/environ").stdout == ""
 

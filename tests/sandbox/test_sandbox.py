@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.sandbox.helpers import ADD_KEY, FAST, KEYCTL, MODES, PROTECTIONS, needs_key_calls
+from tests.sandbox.helpers import ADD_KEY, FAST, KEYCTL, MODES, PROTECTIONS, host_paths_seen, needs_key_calls
 from trajlab.sandbox import Sandbox, SandboxError
 
 
@@ -17,13 +17,36 @@ def test_runs_in_a_private_directory_that_cleanup_removes() -> None:
     box.write_file("notes/a.txt", "hello\n")
     result = box.run("pwd; ls -A; cat notes/a.txt; stat -c %a .")
     assert result.exit_code == 0
-    assert result.stdout.split() == [str(box.path), "notes", "hello", "700"]
+    assert result.stdout.split() == [str(box.inside_path), "notes", "hello", "700"]
     assert box.read_file("notes/a.txt") == b"hello\n"
     box.cleanup()
     assert not box.path.exists()
     box.cleanup()
     with pytest.raises(SandboxError):
         box.run("true")
+
+
+@pytest.mark.parametrize("mode", [mode for mode in MODES if mode.id != "chain"])
+def test_commands_see_no_host_path_under_bubblewrap(mode: dict) -> None:
+    with Sandbox(FAST, **mode) as box:
+        assert host_paths_seen(box) == []
+        if box.resettable:  # the next user from a pool
+            box.reset()
+            assert host_paths_seen(box) == []
+
+
+def test_the_fallback_chain_runs_commands_at_the_host_path() -> None:
+    """It cannot move the working directory: what commands see is the host's path, and write_file says so."""
+    with Sandbox(FAST, use_bubblewrap=False) as box:
+        assert box.inside_path == box.path
+        assert box.write_file("a.txt", "") == box.path / "a.txt"
+        assert box.run("pwd; echo $HOME").stdout.split() == [str(box.path)] * 2
+
+
+@pytest.mark.parametrize("path", ["/", "/sandbox", "/sandbox/tools"])
+def test_a_read_only_path_over_or_in_the_working_directory_is_refused(path: str) -> None:
+    with pytest.raises(SandboxError, match="where commands see their working directory"):
+        Sandbox(FAST, read_only_paths=[path])
 
 
 def test_two_sandboxes_never_see_each_others_files() -> None:

@@ -3,7 +3,6 @@ namespace after a timeout, and a new one after the server's death."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -13,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.sandbox.helpers import FAST, live_processes, needs_bwrap
+from tests.sandbox.helpers import FAST, live_processes, needs_bwrap, server_of
 from trajlab.sandbox import Sandbox
 from trajlab.sandbox.session import SERVER_INSIDE
 
@@ -69,7 +68,7 @@ def test_the_servers_death_mid_command_reads_as_killed_and_the_next_command_work
         running = pool.submit(box.run, "touch started; sleep 10")
         while not (box.path / "started").exists():
             time.sleep(0.01)
-        os.kill(_server(box), signal.SIGKILL)  # as the kernel's OOM killer would, say
+        os.kill(server_of(box), signal.SIGKILL)  # as the kernel's OOM killer would, say
         result = running.result(timeout=2)
     assert result.exit_code == -signal.SIGKILL and not result.timed_out
     assert box.run("echo back").stdout == "back\n"
@@ -77,22 +76,12 @@ def test_the_servers_death_mid_command_reads_as_killed_and_the_next_command_work
 
 def test_a_server_gone_between_commands_is_replaced(box: Sandbox) -> None:
     before = box.run(NAMESPACES).stdout
-    server = _server(box)
+    server = server_of(box)
     os.kill(server, signal.SIGKILL)
     while server in live_processes(SERVER_INSIDE):  # dead before the next command, not while taking it
         time.sleep(0.01)
     after = box.run(NAMESPACES)
     assert after.exit_code == 0 and after.stdout != before
-
-
-def _server(box: Sandbox) -> int:
-    return next(pid for pid in live_processes(SERVER_INSIDE) if _cwd(pid) == str(box.path))
-
-
-def _cwd(pid: int) -> str:
-    with contextlib.suppress(OSError):
-        return os.readlink(f"/proc/{pid}/cwd")
-    return ""
 
 
 @pytest.mark.parametrize("argument", ["a\0b", "\ud800"], ids=["nul", "surrogate"])

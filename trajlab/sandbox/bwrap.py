@@ -37,6 +37,9 @@ PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 TMPFS_MODE = 0o1777
 #: Where commands see the POSIX message queues of their IPC namespace (so that a wipe can find them).
 MQUEUE_DIR = "/dev/mqueue"
+#: Where commands see their sandbox's working directory (their cwd, HOME and TMPDIR): a path that says nothing of where
+#: it lives on the host, whose bind shows only its place on the sandbox's own tmpfs in ``/proc/self/mountinfo``.
+WORK_INSIDE = "/sandbox"
 #: Exit statuses above this (and at most this + 64) mean the command died of signal (status - this).
 SIGNAL_STATUS_BASE = 128
 
@@ -123,12 +126,14 @@ def _is_child(pid: int, *, of: int) -> bool:
 
 def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_bytes: int,
                pid_namespace: PidNamespace | None = None, server: tuple[int, str] | None = None,
-               confine: bool = False, read_only: tuple[str, ...] = (), init: bool = False) -> list[str]:
-    """argv that runs the rest in fresh namespaces, in ``work`` (None: ``/``, for probes).
+               confine: bool = False, read_only: tuple[str, ...] = (), init: bool = False,
+               fresh_work: bool = False) -> list[str]:
+    """argv that runs the rest in fresh namespaces, in :data:`WORK_INSIDE` (``/`` without a working directory, for
+    probes).
 
     Args:
         bwrap: the ``bwrap`` executable.
-        work: the sandbox's working directory, seen at the same path inside.
+        work: the sandbox's working directory on the host, seen at :data:`WORK_INSIDE` inside.
         private_tmp: a directory (on the sandbox's capped tmpfs) bound over each of :data:`PRIVATE_TMP_DIRS`, so that
             its files stay as long as the sandbox; None gives each bwrap fresh tmpfs of ``tmp_bytes`` each.
         tmp_bytes: the size cap of each fresh tmpfs when ``private_tmp`` is None.
@@ -142,6 +147,8 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         init: the command (the command server's ``--exec``) runs as the PID namespace's init, as ``server`` does,
             instead of bwrap's own init, which commands could trace and read: it runs as their uid, dumpable, and
             holds bwrap's argv.
+        fresh_work: without ``work``, an empty :data:`WORK_INSIDE`, where the command server mounts the working
+            directory's tmpfs (``confine``); binding the host's directory there would show its host path.
     """
     info = ["--info-fd", str(pid_namespace.info_fd)] if pid_namespace is not None else []
     if confine:
@@ -159,7 +166,7 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
         elif os.path.isdir(path):
             argv += ["--ro-bind", path, path]
     for name in _ETC:
-        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        argv += _etc_argv(f"/etc/{name}")
     argv += ["--proc", "/proc", "--dev", "/dev", "--mqueue", MQUEUE_DIR]
     for target in PRIVATE_TMP_DIRS:
         if private_tmp is None:
@@ -169,12 +176,22 @@ def bwrap_argv(bwrap: str, *, work: Path | None, private_tmp: Path | None, tmp_b
     for path in read_only:
         argv += ["--ro-bind", path, path]
     if work is not None:
-        argv += ["--bind", str(work), str(work)]
+        argv += ["--bind", str(work), WORK_INSIDE]
+    elif fresh_work:
+        argv += ["--dir", WORK_INSIDE]
     if server is not None or init:
         argv += ["--as-pid-1"]
     if server is not None:
         argv += ["--ro-bind-data", str(server[0]), server[1]]
-    return [*argv, "--chdir", str(work or "/"), "--"]
+    return [*argv, "--chdir", WORK_INSIDE if work is not None or fresh_work else "/", "--"]
+
+
+def _etc_argv(path: str) -> list[str]:
+    """bwrap's options that show ``path`` read-only. A symlink into ``/usr`` stays a symlink: a bind of it would show
+    its target's path in ``/proc/self/mountinfo``, and ``/usr`` is there anyway."""
+    if os.path.islink(path) and os.path.realpath(path).startswith("/usr/"):
+        return ["--symlink", os.readlink(path), path]
+    return ["--ro-bind-try", path, path]
 
 
 def exit_code(status: int) -> int:

@@ -19,7 +19,15 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from trajlab.sandbox.bwrap import MQUEUE_DIR, PRIVATE_TMP_DIRS, TMPFS_MODE, PidNamespace, bwrap_argv, exit_code
+from trajlab.sandbox.bwrap import (
+    MQUEUE_DIR,
+    PRIVATE_TMP_DIRS,
+    TMPFS_MODE,
+    WORK_INSIDE,
+    PidNamespace,
+    bwrap_argv,
+    exit_code,
+)
 from trajlab.sandbox.cgroups import SandboxCgroup
 from trajlab.sandbox.disk_quota import (
     DIR_MODE,
@@ -60,6 +68,12 @@ class Sandbox:
         read_only_paths: host paths (absolute, readable by the sandbox's uid) that commands see read-only at the same
             path, under bubblewrap: a program's installation outside ``/usr``, say. Elsewhere commands see the host's
             files anyway.
+
+    Attributes:
+        path: the sandbox's working directory on the host.
+        inside_path: the same directory as commands see it (their cwd, ``HOME`` and ``TMPDIR``): under bubblewrap
+            :data:`~trajlab.sandbox.bwrap.WORK_INSIDE`, which says nothing of the host; under the fallback chain,
+            which cannot move it, :attr:`path`.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, base_dir: str | Path | None = None, *,
@@ -67,6 +81,10 @@ class Sandbox:
                  read_only_paths: Sequence[str | Path] = ()) -> None:
         self.limits = limits or SandboxLimits()
         self._read_only = tuple(str(Path(path).resolve()) for path in read_only_paths)
+        for path in self._read_only:
+            if Path(WORK_INSIDE).is_relative_to(path) or Path(path).is_relative_to(WORK_INSIDE):
+                raise SandboxError(f"read-only path {path} would cover or lie in {WORK_INSIDE}, where commands see "
+                                   f"their working directory: give a directory that neither holds nor lies in it")
         self._platform = host_platform(use_bubblewrap)
         protections = self._platform.protections
         self._lock = threading.Lock()
@@ -102,6 +120,7 @@ class Sandbox:
                 for path in self._read_only:
                     require_readable(Path(path))
                 os.chown(self.path, self._lease.uid, self._lease.uid)
+            self.inside_path = Path(WORK_INSIDE) if self._platform.bwrap is not None else self.path
             server = self._platform.bwrap is not None and self._platform.server_python is not None and \
                 reuse_namespaces
             # The command server (or its --exec) sets the IPC namespace's limits; without the sandbox's tmpfs it caps
@@ -111,7 +130,7 @@ class Sandbox:
             self._work_in_namespace = self._confine and server and not self._mounted
             sysctl = ipc_sysctls(self.limits) if protections.ipc_limits else None
             self._setup = confinement(self.uid, self.limits.disk_bytes, self.limits.inodes, tmp=not self._mounted,
-                                      work=self.path if self._work_in_namespace else None,
+                                      work=self.inside_path if self._work_in_namespace else None,
                                       sysctl=sysctl) if self._confine else {}
             if self._confine and not self._mounted and not server and self._platform.nsenter is not None:
                 assert self._platform.unshare is not None
@@ -122,7 +141,8 @@ class Sandbox:
                 self._setup["seccomp"] = self._platform.seccomp_program
             if server:
                 self._session = CommandSession(self._session_argv, self._platform.server_python, cwd=self.path,
-                                               env=scrubbed_environment(self.path), kill_leftovers=self._kill_leftovers,
+                                               env=scrubbed_environment(self.inside_path),
+                                               kill_leftovers=self._kill_leftovers,
                                                setup=self._setup, keeps_files=self._work_in_namespace)
         except BaseException:
             self._tear_down()
@@ -159,7 +179,7 @@ class Sandbox:
                 return self._session.run(limited, stdin, self.limits)
             pid_namespace = PidNamespace() if self._platform.bwrap is not None else None
             result = run_process(self._launch_argv(argv, pid_namespace), stdin, cwd=self.path,
-                                 env=scrubbed_environment(self.path), limits=self.limits,
+                                 env=scrubbed_environment(self.inside_path), limits=self.limits,
                                  kill_leftovers=self._kill_leftovers, pid_namespace=pid_namespace)
         if self._platform.bwrap is not None:
             result = dataclasses.replace(result, exit_code=exit_code(result.exit_code))
@@ -175,7 +195,7 @@ class Sandbox:
             raise ValueError("empty command")
         with self._lock:
             self._require_open()
-            return self._launch_argv(list(command), None), scrubbed_environment(self.path)
+            return self._launch_argv(list(command), None), scrubbed_environment(self.inside_path)
 
     @property
     def resettable(self) -> bool:
@@ -194,7 +214,7 @@ class Sandbox:
             if self._session is None:
                 raise SandboxError("only a sandbox whose commands share one bwrap can be reset: clean it up instead")
             private_tmp = [(d, DIR_MODE if self._mounted else TMPFS_MODE) for d in PRIVATE_TMP_DIRS]
-            self._session.wipe([(str(self.path), DIR_MODE), *private_tmp, (MQUEUE_DIR, None)])
+            self._session.wipe([(str(self.inside_path), DIR_MODE), *private_tmp, (MQUEUE_DIR, None)])
 
     def write_file(self, path: str, content: str | bytes) -> Path:
         """Write a file inside the sandbox directory, creating parent directories; refuses symlinks and ``..``.
@@ -203,7 +223,7 @@ class Sandbox:
         with self._lock:
             self._require_open()
             write_file(self._host_view(), inside, content, owner=self.uid)
-            return self.path.joinpath(*inside.parts)
+            return self.inside_path.joinpath(*inside.parts)
 
     def read_file(self, path: str) -> bytes:
         """Read a file inside the sandbox directory; refuses symlinks, ``..`` and files hard-linked from elsewhere."""
@@ -218,7 +238,7 @@ class Sandbox:
             return self._work_tmpfs.host_root() / self.path.relative_to("/")
         if self._work_in_namespace:
             assert self._session is not None
-            return self._session.host_root() / self.path.relative_to("/")
+            return self._session.host_root() / self.inside_path.relative_to("/")
         return self.path
 
     def cleanup(self) -> None:
@@ -264,9 +284,10 @@ class Sandbox:
         assert self._platform.bwrap is not None
         join = self._cgroup.join_prefix() if self._cgroup is not None else []
         private_tmp = self._root / "tmp" if self._mounted else None
-        box = bwrap_argv(self._platform.bwrap, work=self.path, private_tmp=private_tmp,
-                         tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace, server=server,
-                         confine=self._confine, read_only=self._read_only, init=init)
+        box = bwrap_argv(self._platform.bwrap, work=None if self._work_in_namespace else self.path,
+                         private_tmp=private_tmp, tmp_bytes=self.limits.disk_bytes, pid_namespace=pid_namespace,
+                         server=server, confine=self._confine, read_only=self._read_only, init=init,
+                         fresh_work=self._work_in_namespace)
         enter = self._work_tmpfs.enter_prefix() if self._work_tmpfs is not None else []
         return [*join, *identity_prefix(self._platform.setpriv, self.uid), *enter, *box]
 
