@@ -158,7 +158,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
 
     @app.exception_handler(RequestValidationError)
