@@ -117,6 +117,7 @@ class LocalBackend:
         if req.top_logprobs:
             raise bad_request("top_logprobs is not supported: only the sampled tokens' logprobs are known",
                               param="top_logprobs")
+        self._refuse_too_many_choices(1, req.n)
         stops, completer = req.stop_strings(), self.completer
         messages = to_template_messages(raw_messages, self.reasoning_field)
         prompt_text, prompt_ids, images = self._prompt(call.session, messages, tools, call.images)
@@ -152,6 +153,7 @@ class LocalBackend:
         if req.logprobs:
             raise bad_request("only logprobs=0 is supported: top alternatives are not known", param="logprobs")
         stops, completer = req.stop_strings(), self.completer
+        self._refuse_too_many_choices(_prompt_count(req.prompt), req.n)
         prompts = _completion_prompts(req.prompt, self.tokenizer, self._refuse_past_context)
         for _, ids in prompts:
             self._refuse_image_tokens(ids, "prompt")
@@ -246,6 +248,13 @@ class LocalBackend:
             raise bad_request(f"the prompt is at least {least} tokens ({len(text)} characters); this model's context "
                               f"is {self.context} tokens", param=param, code="context_length_exceeded")
 
+    def _refuse_too_many_choices(self, prompts: int, n: int) -> None:
+        """Each choice is a generation and a record: their number per request is bounded before any is made."""
+        if prompts * n > self.serve.max_choices:
+            raise bad_request(f"{prompts} prompt(s) with n={n} ask for {prompts * n} choices; this server gives at "
+                              f"most {self.serve.max_choices} a request (serve.max_choices): split them across "
+                              "requests", param="n" if prompts == 1 else "prompt", code="too_many_choices")
+
     def _refuse_image_tokens(self, ids: list[int], param: str) -> None:
         if self.image_tokens.intersection(ids):
             names = self.tokenizer.convert_ids_to_tokens(sorted(self.image_tokens))
@@ -277,6 +286,11 @@ def _context_length(max_context: int | None, model_context: int) -> int:
                          "tokens: give at most that, or leave it unset")
     return max_context or model_context
 
+
+
+def _prompt_count(prompt: str | list[str] | list[int]) -> int:
+    """How many prompts a completions request holds: a list of token ids is one."""
+    return len(prompt) if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt) else 1
 
 
 def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrainedTokenizerBase,
