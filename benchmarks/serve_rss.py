@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -221,6 +222,7 @@ def run(args: argparse.Namespace) -> None:
         sampler.stop.set()
         server.terminate()
         server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
     report(args, warm, warm_rss, peak, after, outcomes, elapsed)
 
 
