@@ -202,3 +202,22 @@ def test_a_client_that_disconnects_cancels_its_generation(hf_server):
         time.sleep(0.05)
     (record,) = records(hf_server, "gone")
     assert record["status"] == 499 and record["error"]["type"] == "client_closed_request"
+
+
+def test_freed_heap_pages_go_back_to_the_system_after_a_burst_of_calls(hf_server, monkeypatch):
+    """glibc keeps what a large call freed resident: the server hands it back after calls (at most once a second,
+    and always after the last call of a burst)."""
+    import trajlab.proxy.app
+
+    releases: list[float] = []
+    monkeypatch.setattr(trajlab.proxy.app, "release_freed_memory", lambda: releases.append(time.monotonic()),
+                        raising=False)
+    api = client(hf_server.url, "release")
+    for _ in range(3):
+        last_sent = time.monotonic()
+        api.completions.create(model=MODEL, prompt=[5, 6], max_tokens=2, temperature=0)
+    deadline = time.monotonic() + 5
+    while (not releases or releases[-1] < last_sent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert releases and releases[-1] >= last_sent, "no release after the last call"
+    assert len(releases) <= 3

@@ -30,8 +30,9 @@ def serve_command(
     Settings come from the config's serve section (the model served: its model section, the parser: rollout.parser);
     with serve.upstream set, the model section is not read.
     """
-    uvicorn = require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
+    require("uvicorn", feature="trajlab serve", install="pip install 'trajlab[serve]'")
 
+    from trajlab.proxy.http import run_server
     from trajlab.proxy.server import build_app
 
     settings = load(config, sets, given | {"model.path": str(model) if model else None})
@@ -44,7 +45,7 @@ def serve_command(
     server_app = build_app(server, settings.model, settings.rollout.parser)
     console.print(f"Serving {server.upstream or settings.model.path} on http://{server.host}:{server.port}/v1; "
                   f"recording sessions to {server.record_dir}/")
-    uvicorn.run(server_app, host=server.host, port=server.port, log_level="warning")
+    run_server(server_app, server.host, server.port)
 
 
 traces_app = typer.Typer(help="Recorded `trajlab serve` sessions: export them as trajectories.", no_args_is_help=True)

@@ -383,6 +383,9 @@ class ServeSettings(Section):
     first): with the model's weights, what bounds the server's memory."""
     default_max_tokens: int = Field(1024, ge=1)
     """Completion tokens when a chat request sets no max_tokens (never more than the context has left)."""
+    max_choices: int = Field(256, ge=1)
+    """Most choices one request may ask for: n times its prompts (a completions request may list thousands, each
+    one generation and one record); more get 400."""
     max_context: int | None = Field(None, ge=1)
     """Prompt plus completion tokens a request may use; longer prompts get 400 context_length_exceeded (None: the
     served model's own context; more than that is an error)."""

@@ -5,6 +5,7 @@ another server instead; both share the routes, sessions and recording of :func:`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -26,6 +27,7 @@ from trajlab.proxy.app import CallContext, WorkResult, openai_app, read_body
 from trajlab.proxy.completion import Completer
 from trajlab.proxy.errors import APIError, bad_request
 from trajlab.proxy.images import inline_images
+from trajlab.proxy.limits import TokenFloor
 from trajlab.proxy.openai_format import (
     ChatCompletionRequest,
     Choice,
@@ -96,6 +98,7 @@ class LocalBackend:
         self.completer = Completer(generator, tokenizer, parser, stop_token_ids(tokenizer))
         self.chat_template = ChatTemplate(tokenizer, [], template, processor, context=template_context)
         self.replies = ReplyMemory()
+        self.token_floor = TokenFloor(tokenizer)
         self.reasoning_field = reasoning_field(template)
         # Where the model puts image features. Only the processor may write these ids: text holding one would leave
         # the model more image tokens than image features, failing every request batched with it.
@@ -114,6 +117,7 @@ class LocalBackend:
         if req.top_logprobs:
             raise bad_request("top_logprobs is not supported: only the sampled tokens' logprobs are known",
                               param="top_logprobs")
+        self._refuse_too_many_choices(1, req.n)
         stops, completer = req.stop_strings(), self.completer
         messages = to_template_messages(raw_messages, self.reasoning_field)
         prompt_text, prompt_ids, images = self._prompt(call.session, messages, tools, call.images)
@@ -149,7 +153,8 @@ class LocalBackend:
         if req.logprobs:
             raise bad_request("only logprobs=0 is supported: top alternatives are not known", param="logprobs")
         stops, completer = req.stop_strings(), self.completer
-        prompts = _completion_prompts(req.prompt, self.tokenizer)
+        self._refuse_too_many_choices(_prompt_count(req.prompt), req.n)
+        prompts = _completion_prompts(req.prompt, self.tokenizer, self._refuse_past_context)
         for _, ids in prompts:
             self._refuse_image_tokens(ids, "prompt")
         longest = max(len(ids) for _, ids in prompts)
@@ -193,6 +198,7 @@ class LocalBackend:
             text = turn.render(messages, add_generation_prompt=True)
         except Exception as exc:  # the template's own checks (role order, missing fields) are the client's error
             raise bad_request(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        self._refuse_past_context(text, "messages")
         images = turn.images_of(messages)
         try:
             ids = self._continued(session, turn, messages, tools)
@@ -235,6 +241,20 @@ class LocalBackend:
             if shown_text(self.tokenizer, ids) == rendered:
                 self.replies.remember(reply_key(session, tools, messages, reply), prompt_ids + ids)
 
+    def _refuse_past_context(self, text: str, param: str) -> None:
+        """A text that takes more tokens than the context, whatever they are, is refused before it is tokenized."""
+        least = self.token_floor(text)
+        if least > self.context:
+            raise bad_request(f"the prompt is at least {least} tokens ({len(text)} characters); this model's context "
+                              f"is {self.context} tokens", param=param, code="context_length_exceeded")
+
+    def _refuse_too_many_choices(self, prompts: int, n: int) -> None:
+        """Each choice is a generation and a record: their number per request is bounded before any is made."""
+        if prompts * n > self.serve.max_choices:
+            raise bad_request(f"{prompts} prompt(s) with n={n} ask for {prompts * n} choices; this server gives at "
+                              f"most {self.serve.max_choices} a request (serve.max_choices): split them across "
+                              "requests", param="n" if prompts == 1 else "prompt", code="too_many_choices")
+
     def _refuse_image_tokens(self, ids: list[int], param: str) -> None:
         if self.image_tokens.intersection(ids):
             names = self.tokenizer.convert_ids_to_tokens(sorted(self.image_tokens))
@@ -268,8 +288,15 @@ def _context_length(max_context: int | None, model_context: int) -> int:
 
 
 
-def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrainedTokenizerBase):
-    """(text, token ids) per prompt; text prompts are tokenized with the tokenizer's special tokens (BOS)."""
+def _prompt_count(prompt: str | list[str] | list[int]) -> int:
+    """How many prompts a completions request holds: a list of token ids is one."""
+    return len(prompt) if isinstance(prompt, list) and not all(isinstance(p, int) for p in prompt) else 1
+
+
+def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrainedTokenizerBase,
+                        refuse_past_context: Callable[[str, str], None]):
+    """(text, token ids) per prompt; text prompts are tokenized with the tokenizer's special tokens (BOS), once
+    ``refuse_past_context`` has let each through."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -278,6 +305,8 @@ def _completion_prompts(prompt: str | list[str] | list[int], tokenizer: PreTrain
         if any(not 0 <= p < len(tokenizer) for p in prompt):
             raise bad_request(f"prompt token ids must be in [0, {len(tokenizer)})", param="prompt")
         return [(tokenizer.decode(prompt, skip_special_tokens=False), list(prompt))]
+    for text in prompt:
+        refuse_past_context(text, "prompt")
     return [(text, tokenizer.encode(text)) for text in prompt]
 
 
