@@ -6,7 +6,8 @@ stored in the task, never derived from its seed), and a fresh :class:`~trajlab.s
 episode's wiped by :mod:`trajlab.sandbox.pool`): the model's commands
 run only there, under bubblewrap (its own namespaces, no network, a read-only system), as an unprivileged uid of
 their own, under time, memory, file-size and process limits. Where that isolation is missing, the env refuses to
-start and says what to install, unless the user sets ``TRAJLAB_SANDBOX_ALLOW_WEAK=1``.
+start and says what to install, unless the user opts out: ``TRAJLAB_SANDBOX_ALLOW_WEAK=memory_cap`` names what
+it may run without (``1`` allows everything; see the sandbox page), and a warning names it at every start.
 Four kinds of challenge, each seeded by the task:
 
 - ``encoding``: a file holds the flag under 3 to 5 layers of encoding (base64, hex, rot13, reversed text, gzip then
