@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,8 +31,32 @@ def run_seed(config: Path, seed: int, run_dir: Path, sets: Sequence[str] = ()) -
     for item in sets:
         command += ["--set", item]
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": path})
+    with subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as child:
+        lines = []
+        for line in child.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    if child.returncode:
+        raise subprocess.CalledProcessError(child.returncode, command)
+    record_stage_seconds(lines, run_dir / "stage_seconds.json")
     return json.loads((run_dir / "results.json").read_text()), time.perf_counter() - started
+
+
+def record_stage_seconds(lines: Sequence[str], path: Path) -> dict[str, float]:
+    """The seconds each stage took, from the run's ``<stage> took <N>s`` log lines, numbered in order (``eval-0``,
+    ``sft-0``, ...), kept in ``path`` across resumed runs: a stage timed once keeps its first time (a resumed run
+    finds it done in no time)."""
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    counts: dict[str, int] = {}
+    for line in lines:
+        found = re.search(r"\b(\w+) took (\d+)s$", line.rstrip())
+        if found:
+            stage = found.group(1)
+            recorded.setdefault(f"{stage}-{counts.get(stage, 0)}", float(found.group(2)))
+            counts[stage] = counts.get(stage, 0) + 1
+    path.write_text(json.dumps(recorded, indent=2))
+    return recorded
 
 
 def spread(values: list[float]) -> str:

@@ -4,6 +4,8 @@
     python benchmarks/env_learning.py --configs examples/inventory/config.yaml --seeds 0 1 2   # an env of your own
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
+    python benchmarks/env_learning.py --configs configs/arithmetic-noisy.yaml --runs-dir runs/recipe-b \\
+        --reuse-sft runs/env-learning --set rl.epochs_per_step=2   # another RL recipe from the same SFT models
 
 Each (config, seed) runs the docs' own command, ``trajlab run CONFIG``, in a subprocess, with the seed as both the
 training seed and the tiny model's weight seed (as ``quickstart_seeds.py`` does), in ``RUNS_DIR/<config>/seed<S>``; a
@@ -11,12 +13,17 @@ finished run is resumed, not redone, so give another ``--runs-dir`` for other ``
 are scored on the same held-out tasks. Per config it prints each evaluation's success rate and mean reward (mean ±
 std over seeds, and per seed), then per seed RL's change over SFT: the held-out tasks RL solved that SFT failed and
 the reverse, with the exact two-sided sign test. ``RUNS_DIR/summary.json`` keeps the numbers.
+
+``--reuse-sft OTHER_RUNS_DIR`` starts each run from the demonstrations, SFT model and evaluations before RL of the same
+(config, seed) in another runs directory, so RL recipes are compared from one and the same SFT model (and in a
+fraction of the time); the wall time printed is then RL's and its evaluation's alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 from _seeds import run_seed, sign_test, spread, task_changes
@@ -39,9 +46,33 @@ def table(name: str, per_seed: dict[int, dict]) -> None:
         for seed in seeds:
             sft, rl = per_seed[seed]["stages"]["sft"], per_seed[seed]["stages"]["rl"]
             fixed, broken = task_changes(sft, rl)
-            print(f"seed {seed}: RL {rl['success_rate'] - sft['success_rate']:+.3f} over SFT; solved {fixed} held-out "
-                  f"tasks SFT failed, failed {broken} SFT solved; sign test p = {sign_test(fixed, broken):.2g}")
+            gap = (rl["success_rate"] - sft["success_rate"]) / max(1 - sft["success_rate"], 1e-9)
+            timed = per_seed[seed]["stage_seconds"]
+            wall = timed["rl-0"] / timed["sft-0"] if {"rl-0", "sft-0"} <= timed.keys() else float("nan")
+            print(f"seed {seed}: RL {rl['success_rate'] - sft['success_rate']:+.3f} over SFT ({gap:.2f} of SFT's gap "
+                  f"closed); solved {fixed} held-out tasks SFT failed, failed {broken} SFT solved; sign test "
+                  f"p = {sign_test(fixed, broken):.2g}; RL's wall time {wall:.2f}x SFT's")
     print(f"wall time per run: {spread([per_seed[s]['seconds'] for s in seeds])} s")
+
+
+def reuse_sft(source: Path, run_dir: Path) -> None:
+    """Copy a finished run's stages up to RL (demonstrations, SFT model, the evaluations before RL) into a new run."""
+    if (run_dir / "sft" / "final" / "config.json").exists():
+        return
+    if not (source / "sft" / "final" / "config.json").exists():
+        raise SystemExit(f"--reuse-sft: {source} has no finished SFT model (sft/final); run that config and seed "
+                         "there first")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source / "demos.jsonl", run_dir / "demos.jsonl")
+    shutil.copytree(source / "sft" / "final", run_dir / "sft" / "final")
+    evaluations = sorted(source.glob("eval-*"), key=lambda path: int(path.name.split("-")[1]))
+    copied = [e for e in evaluations if not e.name.endswith("-rl")]
+    for evaluation in copied:
+        shutil.copytree(evaluation, run_dir / evaluation.name)
+    if (source / "stage_seconds.json").exists():  # the copied stages' wall times (SFT's, for RL's against it)
+        timed = json.loads((source / "stage_seconds.json").read_text())
+        kept = {"collect-0", "sft-0"} | {"-".join(e.name.split("-")[:2]) for e in copied}
+        (run_dir / "stage_seconds.json").write_text(json.dumps({k: v for k, v in timed.items() if k in kept}))
 
 
 def main() -> None:
@@ -51,20 +82,26 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/env-learning"))
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="passed to every `trajlab run` (e.g. smaller budgets); repeatable")
+    parser.add_argument("--reuse-sft", type=Path, metavar="OTHER_RUNS_DIR",
+                        help="start each run from the SFT model of the same config and seed there")
     args = parser.parse_args()
 
     results = {}
     for config in args.configs:
-        name = config.parent.name if config.stem == "config" else config.stem  # examples/inventory/config.yaml
+        # examples/inventory/config.yaml -> inventory, examples/inventory/config-noisy.yaml -> inventory-noisy
+        name = config.stem.replace("config", config.parent.name, 1) if config.stem.startswith("config") else config.stem
         per_seed = {}
         for seed in args.seeds:
+            if args.reuse_sft is not None:
+                reuse_sft(args.reuse_sft / name / f"seed{seed}", args.runs_dir / name / f"seed{seed}")
             reports, seconds = run_seed(config, seed, args.runs_dir / name / f"seed{seed}", args.sets)
-            per_seed[seed] = {"seconds": seconds, "stages": {r["label"]: r for r in reports}}
+            timed = json.loads((args.runs_dir / name / f"seed{seed}" / "stage_seconds.json").read_text())
+            per_seed[seed] = {"seconds": seconds, "stage_seconds": timed, "stages": {r["label"]: r for r in reports}}
         results[name] = per_seed
 
     for name, per_seed in results.items():
         table(name, per_seed)
-    summary = {name: {str(seed): {"seconds": run["seconds"],
+    summary = {name: {str(seed): {"seconds": run["seconds"], "stage_seconds": run["stage_seconds"],
                                   "success_rate": {k: r["success_rate"] for k, r in run["stages"].items()},
                                   "mean_reward": {k: r["mean_reward"] for k, r in run["stages"].items()}}
                       for seed, run in per_seed.items()}
