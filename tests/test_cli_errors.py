@@ -103,6 +103,12 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                             "/dev/zero: not a regular file (a character device); give a tasks file (JSONL)"),
     "prompt file that is a FIFO": (["collect", *ORACLE, "--prompt-file", "{T}/fifo"],
                                    "{T}/fifo: not a regular file (a FIFO); give a prompt file"),
+    "dataset from a FIFO": (["dataset", "--kind", "sft", "--from", "{T}/fifo", "--out", "{T}/d.jsonl"],
+                            "{T}/fifo: not a regular file (a FIFO); give a trajectory file (JSONL, as `trajlab "
+                            "collect` writes)"),
+    "dataset from a directory": (["dataset", "--kind", "sft", "--from", "{T}", "--out", "{T}/d.jsonl"],
+                                 "{T}: not a regular file (a directory); give a trajectory file"),
+    "report of a FIFO": (["report", "{T}/fifo"], "{T}/fifo: not a regular file (a FIFO); give a trajectory file"),
     "compare a report that is a device": (["eval", "compare", "/dev/zero", "/dev/zero"],
                                           "/dev/zero: not a regular file (a character device); give an eval report"),
     "task row of an unknown kind": (["collect", "--env", "ctf", "--policy", "oracle", *OUT, "--tasks",
