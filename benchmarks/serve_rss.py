@@ -22,17 +22,14 @@ import json
 import random
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from trajlab.models.tiny import init_tiny_model
+from _serve import start_server
 
 MODEL = "tiny"
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "seven", "green", "birds", "sang", "about", "rivers"]
@@ -165,27 +162,6 @@ class Sampler(threading.Thread):
                 self.peak = max(self.peak, rss_mb(self.pid))
             except (OSError, RuntimeError):
                 return
-
-
-def start_server(work: Path, serve_args: list[str]) -> tuple[subprocess.Popen, int]:
-    model = init_tiny_model(work / "tiny", seed=0)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "trajlab.cli", "--quiet", "serve", "--model", str(model), "--port", str(port),
-         "--served-model-name", MODEL, "--record-dir", str(work / "sessions"), *serve_args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            return server, port
-        except OSError:
-            if time.time() > deadline or server.poll() is not None:
-                server.kill()
-                raise SystemExit(f"the server did not start: {server.stderr.read().decode()}") from None
-            time.sleep(0.2)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -17,15 +17,13 @@ import concurrent.futures
 import json
 import random
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from trajlab.models.tiny import init_tiny_model
+from _serve import start_server
 
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "while", "seven", "green", "birds", "sang", "about", "rivers",
          "mountains", "and", "old", "tools"]
@@ -102,25 +100,9 @@ def main() -> None:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="trajlab-serve-soak-"))
-    model = init_tiny_model(work / "tiny", seed=0)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "trajlab.cli", "--quiet", "serve", "--model", str(model), "--port", str(port),
-         "--served-model-name", "tiny", "--record-dir", str(work / "sessions"), "--prefix-cache-mb",
-         str(args.prefix_cache_mb), "--body-timeout", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server, port = start_server(work, ["--prefix-cache-mb", str(args.prefix_cache_mb), "--body-timeout", "5"])
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2).read()
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit(f"the server did not start: {server.stderr.read().decode()}") from None
-                time.sleep(0.2)
         rng = random.Random(0)
         sessions: dict[str, list[dict]] = {}
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:

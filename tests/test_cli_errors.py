@@ -103,12 +103,28 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                             "/dev/zero: not a regular file (a character device); give a tasks file (JSONL)"),
     "prompt file that is a FIFO": (["collect", *ORACLE, "--prompt-file", "{T}/fifo"],
                                    "{T}/fifo: not a regular file (a FIFO); give a prompt file"),
+    "dataset from a FIFO": (["dataset", "--kind", "sft", "--from", "{T}/fifo", "--out", "{T}/d.jsonl"],
+                            "{T}/fifo: not a regular file (a FIFO); give a trajectory file (JSONL, as `trajlab "
+                            "collect` writes)"),
+    "dataset from a directory": (["dataset", "--kind", "sft", "--from", "{T}", "--out", "{T}/d.jsonl"],
+                                 "{T}: not a regular file (a directory); give a trajectory file"),
+    "report of a FIFO": (["report", "{T}/fifo"], "{T}/fifo: not a regular file (a FIFO); give a trajectory file"),
     "compare a report that is a device": (["eval", "compare", "/dev/zero", "/dev/zero"],
                                           "/dev/zero: not a regular file (a character device); give an eval report"),
     "task row of an unknown kind": (["collect", "--env", "ctf", "--policy", "oracle", *OUT, "--tasks",
                                      "{T}/ctf_kind.jsonl"],
                                     "{T}/ctf_kind.jsonl:1: not a ctf task: field 'kind' is 'nosuch', not one of "
                                     "'encoding', 'hidden', 'cipher', 'service'"),
+    "arithmetic task of an unknown operation": (["collect", *ORACLE, "--tasks", "{T}/ops_task.jsonl"],
+                                                "{T}/ops_task.jsonl:1: not a arithmetic task: field 'ops' holds "
+                                                "'divide', not one of 'add', 'subtract', 'multiply'"),
+    "arithmetic task with an operation too many": (["collect", *ORACLE, "--tasks", "{T}/long_task.jsonl"],
+                                                   "{T}/long_task.jsonl:1: not a arithmetic task: 3 operations need "
+                                                   "operand field 'd'"),
+    "bfcl task of an unknown entry": (["collect", "--env", "bfcl", "--policy", "oracle", *OUT, "--tasks",
+                                       "{T}/bfcl_task.jsonl"],
+                                      "{T}/bfcl_task.jsonl:1: not a bfcl task: 'multi_turn_base_999': category 'base' "
+                                      "has entries 0 to 199"),
 }
 
 USAGE = {  # a wrong combination or form of options: exit 2
@@ -142,6 +158,9 @@ def where(tmp_path, tiny_model_dir):
     short = {k: v for k, v in task.items() if k != "answer"}
     (tmp_path / "short_task.jsonl").write_text(json.dumps(task) + "\n" + json.dumps(short) + "\n")
     (tmp_path / "typed_task.jsonl").write_text(json.dumps(task | {"a": "7"}) + "\n")
+    (tmp_path / "ops_task.jsonl").write_text(json.dumps(task | {"ops": ["divide", "multiply"]}) + "\n")
+    (tmp_path / "long_task.jsonl").write_text(json.dumps(task | {"ops": ["subtract", "multiply", "add"]}) + "\n")
+    (tmp_path / "bfcl_task.jsonl").write_text(json.dumps({"task_id": "multi_turn_base_999", "category": "base"}) + "\n")
     (tmp_path / "ctf_kind.jsonl").write_text(json.dumps({"kind": "nosuch", "seed": 1}) + "\n")
     (tmp_path / "duplicate.yaml").write_text("env: arithmetic\nrollout:\n  max_turns: 3\n  max_turns: 4\n")
     os.mkfifo(tmp_path / "fifo")  # opened for reading, it blocks until a writer comes: none ever does

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import itertools
 import json
 import logging
@@ -22,6 +21,7 @@ import time
 import pytest
 
 import trajlab
+from tests.inference.loopback import JSONHandler, serving
 from tests.proxy.conftest import MODEL, running
 from trajlab.chat.parsers import get_parser
 from trajlab.collection.engines import load_rollout_policy
@@ -228,7 +228,7 @@ def test_collect_with_a_server_policy(tiny_server, tiny_model_dir, tmp_path):
         policy(f"{tiny_server}#other", str(tiny_model_dir))
 
 
-class Backend(http.server.BaseHTTPRequestHandler):
+class Backend(JSONHandler):
     """A loopback OpenAI-compatible server that lists one model and answers ``/completions`` with ``reply`` (bytes,
     HTTP 200), or, when ``reply`` is None, never answers at all (until the test ends)."""
 
@@ -236,39 +236,24 @@ class Backend(http.server.BaseHTTPRequestHandler):
     released = threading.Event()
 
     def do_GET(self):  # noqa: N802 (http.server's name)
-        self._send(json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode())
+        self.answer(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
         if self.reply is None:
             self.released.wait(60)
             return
-        self._send(self.reply)
-
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        self.answer(200, self.reply)
 
 
 @contextlib.contextmanager
 def backend(reply: bytes | None):
     handler = type("Handler", (Backend,), {"reply": reply, "released": threading.Event()})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        handler.released.set()
-        server.shutdown()
-        server.server_close()
+    with serving(handler) as server:
+        try:
+            yield f"http://127.0.0.1:{server.server_port}/v1"
+        finally:
+            handler.released.set()
 
 
 def completion(**choice) -> bytes:

@@ -4,15 +4,13 @@ vLLM is not installed in the main venv (its lane, tests/vllm, runs it for real o
 ``vllm`` module records the engine's keyword arguments; everything between the config and that call is trajlab's own.
 """
 
-import http.server
-import json
 import sys
-import threading
 import time
 import types
 
 import pytest
 
+from tests.inference.loopback import JSONHandler, serving
 from trajlab.collection.engines import load_rollout_policy
 from trajlab.config import ModelSettings, RolloutSettings, ServeSettings, load_config
 from trajlab.env import load_env
@@ -86,7 +84,7 @@ def test_an_external_server_that_cannot_be_reached_is_refused_before_any_engine(
     assert not engines
 
 
-class _NoWeightTransfer(http.server.BaseHTTPRequestHandler):
+class _NoWeightTransfer(JSONHandler):
     """An OpenAI-compatible server that lists a model and has none of vLLM's weight-transfer endpoints."""
 
     answers = {"/v1/models": {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0,
@@ -94,20 +92,12 @@ class _NoWeightTransfer(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 - http.server's name
         if self.path in self.answers:
-            body = json.dumps(self.answers[self.path]).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.answer(200, self.answers[self.path])
         else:
             self.send_error(404)
 
     def do_POST(self):  # noqa: N802
         self.send_error(400, "Weight transfer not configured")
-
-    def log_message(self, *args):
-        pass
 
 
 class _RefusesWeightTransfer(_NoWeightTransfer):
@@ -122,18 +112,13 @@ class _RefusesWeightTransfer(_NoWeightTransfer):
 def test_without_lora_a_server_that_cannot_take_weights_is_refused_before_any_step(engines, tiny_model_dir, tmp_path,
                                                                                    handler, refusal):
     """At once: the trainer does not wait out the transfer group's rendezvous for a server that refused to join."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    section = SECTION | {"vllm": {"server": f"http://127.0.0.1:{server.server_port}/v1"}}
     started = time.monotonic()
-    try:
+    with serving(handler) as server:
+        section = SECTION | {"vllm": {"server": f"http://127.0.0.1:{server.server_port}/v1"}}
         with pytest.raises(UserError, match=rf"(?s)cannot take full weights: .*{refusal}.*"
                                             r"trajlab_gloo.*VLLM_SERVER_DEV_MODE=1.*Or train with rl.lora"):
             _vllm_sampler(str(tiny_model_dir), ModelSettings.model_validate(section), RolloutSettings(), seed=0,
                           lora_rank=None, tokenizer=None, out=tmp_path)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert time.monotonic() - started < 30 and not engines
 
 

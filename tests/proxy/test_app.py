@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 
@@ -202,6 +203,32 @@ def test_a_client_that_disconnects_cancels_its_generation(hf_server):
         time.sleep(0.05)
     (record,) = records(hf_server, "gone")
     assert record["status"] == 499 and record["error"]["type"] == "client_closed_request"
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_client_that_disconnects_while_sending_its_body_is_a_quiet_499(hf_server, caplog, framing):
+    """A client gone before its whole body arrived is not the server's failure: it was logged as an ERROR with a
+    traceback and recorded as a 500; now one log line without a traceback, and a 499 record."""
+    session = f"cut-{framing}"
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    framed = {"content-length": b"Content-Length: 5000\r\n\r\n" + body[:30],
+              "chunked": b"Transfer-Encoding: chunked\r\n\r\n100\r\n" + body[:30]}[framing]
+    host, port = hf_server.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO, logger="trajlab"):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"POST /sessions/{session}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n".encode()
+                         + b"Content-Type: application/json\r\n" + framed)
+            time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while not (hf_server.records / f"{session}.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)
+    (record,) = records(hf_server, session)
+    assert record["status"] == 499 and record["error"]["type"] == "client_closed_request", record
+    assert "while sending its body (30 bytes received)" in record["error"]["message"]
+    logged = [r for r in caplog.records if r.name.startswith("trajlab.proxy")]
+    assert [(r.levelno, r.exc_info) for r in logged] == [(logging.INFO, None)], [r.getMessage() for r in logged]
+    assert "client closed request (499)" in logged[0].getMessage()
 
 
 def test_freed_heap_pages_go_back_to_the_system_after_a_burst_of_calls(hf_server, monkeypatch):

@@ -70,7 +70,10 @@ def read_trajectories(path: str | Path) -> Iterator[Trajectory]:
 
     Raises:
         StoreError: a complete line that is not a valid trajectory, naming the file and line number.
+        UserError: ``path`` is a directory, FIFO or device (a FIFO would block the reader for good).
+        FileNotFoundError: there is no ``path``.
     """
+    refuse_special_file(path, "a trajectory file (JSONL, as `trajlab collect` writes)")
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such trajectory file (JSONL, as `trajlab collect` writes)")
     with open(path, "rb") as handle:

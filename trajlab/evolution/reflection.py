@@ -19,13 +19,15 @@ from trajlab.models.hub import resolve_model_dir
 ReflectionLM = Callable[[str], str]
 
 
-def load_reflection_lm(spec: str, *, settings: EvolveSettings, model: ModelSettings) -> ReflectionLM:
+def load_reflection_lm(spec: str, *, settings: EvolveSettings, model: ModelSettings,
+                       server_timeout_s: float) -> ReflectionLM:
     """``MODEL_DIR`` or ``http://host:port/v1[#model]`` as a reflection LM writing at most
     ``settings.reflection_max_new_tokens`` tokens at ``settings.reflection_temperature``; a server's model is checked
-    up front, a model directory is loaded where ``model`` says (``model.device`` / ``model.dtype``)."""
+    up front, and each call may take ``server_timeout_s`` (``rollout.server_timeout_s``); a model directory is loaded
+    where ``model`` says (``model.device`` / ``model.dtype``)."""
     length, temperature = settings.reflection_max_new_tokens, settings.reflection_temperature
     if is_server_url(spec):
-        return ServerReflection(spec, max_new_tokens=length, temperature=temperature)
+        return ServerReflection(spec, max_new_tokens=length, temperature=temperature, timeout_s=server_timeout_s)
     try:
         local = resolve_model_dir(spec, "the reflection LM")
     except OSError as exc:
@@ -70,23 +72,41 @@ class LocalReflection:
 
 
 class ServerReflection:
-    """An OpenAI-compatible server's chat completions as the reflection LM (``URL#model`` picks the model)."""
+    """An OpenAI-compatible server's chat completions as the reflection LM (``URL#model`` picks the model).
 
-    def __init__(self, url: str, *, max_new_tokens: int, temperature: float, timeout_s: float = 600.0) -> None:
-        import openai
+    Args:
+        url: ``http://host:port/v1[#model]``.
+        max_new_tokens, temperature: the reply's length limit and sampling temperature.
+        timeout_s: the most one call may take, retries included (``rollout.server_timeout_s``, as a policy's turn).
+    """
 
+    def __init__(self, url: str, *, max_new_tokens: int, temperature: float, timeout_s: float) -> None:
         from trajlab.inference.openai_client import api_key_or_placeholder, served_model, split_policy_url
 
-        base_url, model = split_policy_url(url)
-        self.model = served_model(base_url, model)
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key_or_placeholder(), timeout=timeout_s)
-        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.base_url, model = split_policy_url(url)
+        self.model = served_model(self.base_url, model)
+        self.api_key = api_key_or_placeholder()
+        self.max_new_tokens, self.temperature, self.timeout_s = max_new_tokens, temperature, timeout_s
 
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
-        reply = self.client.chat.completions.create(
-            model=self.model, messages=[{"role": "user", "content": _text(prompt)}],
-            max_tokens=self.max_new_tokens, temperature=self.temperature,
-        )
+        return asyncio.run(self._ask(_text(prompt)))
+
+    async def _ask(self, text: str) -> str:
+        import openai
+
+        from trajlab.inference.openai_client import ServerError
+
+        async with openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s) as client:
+            try:
+                async with asyncio.timeout(self.timeout_s):  # the client's own timeout is per attempt
+                    reply = await client.chat.completions.create(
+                        model=self.model, messages=[{"role": "user", "content": text}],
+                        max_tokens=self.max_new_tokens, temperature=self.temperature,
+                    )
+            except (TimeoutError, openai.APITimeoutError) as exc:
+                raise ServerError(f"{self.base_url}/chat/completions (the reflection LM) did not answer within "
+                                  f"{self.timeout_s:g} s (rollout.server_timeout_s): is the server stuck or "
+                                  "overloaded? Raise the setting for reflections that take longer.") from exc
         return reply.choices[0].message.content or ""
 
 

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from trajlab.config import ServeSettings
 from trajlab.models.devices import release_freed_memory
@@ -152,9 +153,10 @@ class _CallHandler:
         call = CallContext(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
         try:
             response, fields, stream = await _unless_disconnected(request, call, work(request, call))
-        except ClientGone:
-            gone = APIError(499, "the client disconnected before the response; its generation was cancelled",
-                            type="client_closed_request")
+        except ClientGone as exc:
+            reason = str(exc) or "the client disconnected before the response; its generation was cancelled"
+            logger.info("request %s: client closed request (499): %s", call.request_id, reason)
+            gone = APIError(499, reason, type="client_closed_request")
             await self._record(call, status=499, error=gone.body()["error"])
             return Response(status_code=499)  # nobody reads it
         except APIError as exc:
@@ -193,7 +195,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 class ClientGone(Exception):
-    """The client closed its connection while its call was being answered."""
+    """The client closed its connection while its call was being answered (the message: while it sent its body)."""
 
 
 async def _unless_disconnected(request: Request, call: CallContext, work: Awaitable[Any]) -> Any:
@@ -236,6 +238,8 @@ async def read_body(request: Request, call: CallContext, serve: ServeSettings) -
     except TimeoutError as exc:
         raise APIError(408, f"the request body did not arrive within {serve.body_timeout_s:g} s ({len(body)} bytes "
                        "received)", code="request_timeout") from exc
+    except ClientDisconnect as exc:  # the client's doing, not a server error: no traceback in the server's log
+        raise ClientGone(f"the client disconnected while sending its body ({len(body)} bytes received)") from exc
     call.body_read.set()
     try:
         parsed = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)

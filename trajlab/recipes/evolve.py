@@ -73,7 +73,8 @@ def evolve(
     system_prompt = rollout.system_prompt if rollout.system_prompt is not None else spec.system_prompt or ""
     with build_runner(spec, policy, rollout=rollout, model=model, temperature=chosen.temperature, seed=seed,
                       tokenizer=tokenizer, demonstrator=None, run_dir=rollouts_path(out).parent) as engine:
-        reflection_lm = load_reflection_lm(reflection, settings=chosen, model=model)  # after the policy's checks
+        reflection_lm = load_reflection_lm(reflection, settings=chosen, model=model,  # after the policy's checks
+                                           server_timeout_s=rollout.server_timeout_s)
         adapter = TrajlabAdapter(engine, weights=chosen.rewards, rollout=rollout)
         summary = run_evolve(adapter, reflection_lm, rows[:chosen.train_tasks], rows[chosen.train_tasks:],
                              seed_candidate=seed_candidate(spec, system_prompt, tools), out=out, settings=chosen,

@@ -140,6 +140,20 @@ def solution(task: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
     return [*calls, ("submit", {"answer": value})]
 
 
+def task_problems(task: dict[str, Any]) -> list[str]:
+    """A given task's operations must be calculator tools, each with its operand: anything else fails every episode
+    at ``reset`` (a KeyError naming only the missing key)."""
+    ops = task["ops"]  # a list: checked against the generator's tasks first
+    unknown = [op for op in ops if not isinstance(op, str) or op not in SYMBOLS]
+    if unknown:
+        return [f"field 'ops' holds {', '.join(map(repr, unknown))}, not one of {', '.join(map(repr, SYMBOLS))}"]
+    if not MIN_OPERATIONS <= len(ops) <= MAX_OPERATIONS:
+        return [f"field 'ops' holds {len(ops)} operations, not {MIN_OPERATIONS} to {MAX_OPERATIONS}"]
+    missing = [key for key in OPERAND_KEYS[:len(ops) + 1] if not isinstance(task.get(key), int)]
+    return [f"{len(ops)} operations need operand field{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))} "
+            "(an integer)"] if missing else []
+
+
 def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
     """Reference policy: reads tool results from the conversation and makes the next call; after as many results
     as operations (more, when a noisy reference's mistake called a tool instead of submitting) it submits the last."""
@@ -197,4 +211,4 @@ KNOBS = (
 # operations need more turns: raise rollout.max_turns (a curriculum stage sets its own).
 SPEC = EnvSpec(name="arithmetic", env_cls=Arithmetic, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
                limits=EpisodeLimits(max_turns=6, max_episode_tokens=1024, max_new_tokens=128), knobs=KNOBS,
-               references={"sign_slip": sign_slip_oracle})
+               references={"sign_slip": sign_slip_oracle}, check_task=task_problems)

@@ -218,6 +218,18 @@ def tasks(split: str, seed: int) -> Iterator[dict[str, Any]]:
         yield {"task_id": bfcl_data.entry_id(category, index), "category": category}
 
 
+def task_problems(task: dict[str, Any]) -> list[str]:
+    """A given task must name a BFCL entry (and, if it gives one, that entry's category): anything else fails every
+    episode at ``reset``."""
+    try:
+        entry = bfcl_data.load_entry(str(task.get("task_id")))
+    except ValueError as exc:
+        return [str(exc).rstrip(".")]
+    if task.get("category", entry.category) != entry.category:
+        return [f"field 'category' is {task['category']!r}, but {entry.id} is in category {entry.category!r}"]
+    return []
+
+
 def replay(task: dict[str, Any], turns: Sequence[Sequence[Sequence[Call]]], env: BFCL | None = None) -> BFCL:
     """Play an episode without a model, as the rollout engine would: ``turns[t]`` holds the steps of user turn t,
     each step the calls of one model turn; every turn ends with an answer (unless the step limit ended it first).
@@ -281,4 +293,4 @@ SYSTEM_PROMPT = f"{_STYLE['persona']} {_STYLE['task']}\n\n{_STYLE['multiturn_beh
 SPEC = EnvSpec(name="bfcl", env_cls=BFCL, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
                splits=("train", "validation", "test"), metadata={"bfcl_eval": version("bfcl-eval")},
                limits=EpisodeLimits(max_turns=16, max_episode_tokens=80_000, max_new_tokens=4096),
-               references={"one_call_at_a_time": one_call_oracle})
+               references={"one_call_at_a_time": one_call_oracle}, check_task=task_problems)
