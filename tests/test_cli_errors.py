@@ -80,9 +80,9 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                           "serve.max_context 100000 is longer than the model's context of 32768"),
     "model init over files": (["model", "init", "{T}"], "already exists and is not empty; replace it with --overwrite"),
     "task row without a field": (["collect", *ORACLE, "--tasks", "{T}/short_task.jsonl"],
-                                 "{T}/short_task.jsonl:2: not a arithmetic task: missing field 'answer'"),
+                                 "{T}/short_task.jsonl:2: not a valid arithmetic task: missing field 'answer'"),
     "task row with a mistyped field": (["collect", *ORACLE, "--tasks", "{T}/typed_task.jsonl"],
-                                       "{T}/typed_task.jsonl:1: not a arithmetic task: field 'a' is a string ('7')"),
+                                       "{T}/typed_task.jsonl:1: not a valid arithmetic task: field 'a' is a string ('7')"),
     "export a missing record dir": (["traces", "export", "--tokenizer", "{M}", "--record-dir", "{T}/no-sessions",
                                      *OUT], "{T}/no-sessions: no such record directory"),
     "evolve with the oracle": (["evolve", "--env", "arithmetic", "--policy", "oracle", "--out", "{T}/evo"],
@@ -113,17 +113,17 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                           "/dev/zero: not a regular file (a character device); give an eval report"),
     "task row of an unknown kind": (["collect", "--env", "ctf", "--policy", "oracle", *OUT, "--tasks",
                                      "{T}/ctf_kind.jsonl"],
-                                    "{T}/ctf_kind.jsonl:1: not a ctf task: field 'kind' is 'nosuch', not one of "
+                                    "{T}/ctf_kind.jsonl:1: not a valid ctf task: field 'kind' is 'nosuch', not one of "
                                     "'encoding', 'hidden', 'cipher', 'service'"),
     "arithmetic task of an unknown operation": (["collect", *ORACLE, "--tasks", "{T}/ops_task.jsonl"],
-                                                "{T}/ops_task.jsonl:1: not a arithmetic task: field 'ops' holds "
+                                                "{T}/ops_task.jsonl:1: not a valid arithmetic task: field 'ops' holds "
                                                 "'divide', not one of 'add', 'subtract', 'multiply'"),
     "arithmetic task with an operation too many": (["collect", *ORACLE, "--tasks", "{T}/long_task.jsonl"],
-                                                   "{T}/long_task.jsonl:1: not a arithmetic task: 3 operations need "
+                                                   "{T}/long_task.jsonl:1: not a valid arithmetic task: 3 operations need "
                                                    "operand field 'd'"),
     "bfcl task of an unknown entry": (["collect", "--env", "bfcl", "--policy", "oracle", *OUT, "--tasks",
                                        "{T}/bfcl_task.jsonl"],
-                                      "{T}/bfcl_task.jsonl:1: not a bfcl task: 'multi_turn_base_999': category 'base' "
+                                      "{T}/bfcl_task.jsonl:1: not a valid bfcl task: 'multi_turn_base_999': category 'base' "
                                       "has entries 0 to 199"),
 }
 

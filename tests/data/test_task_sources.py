@@ -121,12 +121,12 @@ def test_each_mistake_is_one_clear_line(parquet, tmp_path):
         _env({"source": str(parquet), "columns": {"problem": "a"}})
     with pytest.raises(ValueError, match=r"no split 'validation' \(for trajlab's 'test'.*its splits: train\."):
         _env({"source": str(parquet), **MAPPING, "splits": {"train": "train", "test": "validation"}})
-    with pytest.raises(ValueError, match=r"train row 1: not a arithmetic task: missing field 'answer'.*'question'"):
+    with pytest.raises(ValueError, match=r"train row 1: not a valid arithmetic task: missing field 'answer'.*'question'"):
         _env({"source": str(parquet)})
     bad = _renamed(ROWS)
     del bad[4]["solution"]  # the JSON loader fills the hole with null, which the env's tasks never hold
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
-    with pytest.raises(ValueError, match=r"bad\.jsonl, train row 5: not a arithmetic task: field 'answer' is a null"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl, train row 5: not a valid arithmetic task: field 'answer' is a null"):
         _env({"source": str(tmp_path / "bad.jsonl"), **MAPPING})
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "one.jsonl").write_text(json.dumps(_renamed(ROWS)[0]) + "\n")
@@ -229,6 +229,6 @@ def test_a_row_of_a_kind_the_env_has_not_is_refused_before_any_episode(tmp_path)
     """A ctf row of an unknown kind passed the type check and failed every episode at reset (exit 0, all errors)."""
     source = tmp_path / "ctf.jsonl"
     source.write_text(json.dumps({"kind": "cipher", "seed": 2}) + "\n" + json.dumps({"kind": "nosuch", "seed": 1}))
-    with pytest.raises(ValueError, match=r"train row 2: not a ctf task: field 'kind' is 'nosuch', not one of "
+    with pytest.raises(ValueError, match=r"train row 2: not a valid ctf task: field 'kind' is 'nosuch', not one of "
                                          r"'encoding', 'hidden', 'cipher', 'service'"):
         TasksSettings(source=str(source)).apply(load_env("ctf"))

@@ -73,7 +73,7 @@ def _given_tasks(env: EnvSpec | EnvMixture, tasks: TaskRows) -> list[dict[str, A
         spec = env.spec_for(task) if isinstance(env, EnvMixture) else env
         check = checks.setdefault(spec.name, spec.task_check())
         if problems := check(task):
-            raise ValueError(f"{where}:{number}: not a {spec.name} task: {'; '.join(problems)}. Fix the row "
+            raise ValueError(f"{where}:{number}: not a valid {spec.name} task: {'; '.join(problems)}. Fix the row "
                              "(or remove it) and run again; nothing was run.")
     return checked
 

@@ -189,7 +189,7 @@ def with_dataset_tasks(env: EnvSpec | EnvMixture, rows: TaskSplits, *, shuffle: 
                 raise ValueError(f"{where}, {place}: {exc}") from exc
             check = checks.setdefault(spec.name, spec.task_check())
             if problems := check(task):
-                raise ValueError(f"{where}, {place}: not a {spec.name} task: {'; '.join(problems)}. Fix the row "
+                raise ValueError(f"{where}, {place}: not a valid {spec.name} task: {'; '.join(problems)}. Fix the row "
                                  "or map the columns (tasks.columns); nothing was run.")
             routed.setdefault(spec.name, {}).setdefault(split, []).append(task)
     if isinstance(env, EnvMixture):
