@@ -39,3 +39,16 @@ def test_trajlab_run_completes_on_the_example_config(tmp_path):
     demos = [json.loads(line) for line in (tmp_path / "run" / "demos.jsonl").read_text().splitlines()]
     assert len(demos) == 16 and all(d["env"] == "inventory" and d["status"] == "success" for d in demos)
     assert (tmp_path / "run" / "report.html").exists()
+
+
+def test_the_example_pays_a_step_once_so_rl_cannot_farm_it():
+    """From noisy demonstrations RL learned to call lookup four times, each paying 1/3 (BENCHMARKS.md, issue 45)."""
+    from examples.inventory.env import Inventory
+
+    env = Inventory()
+    env.reset(task_id="t", item="tea", stock=3, target=9)
+    for _ in range(3):
+        env.lookup("tea")
+    env.order("tea", 6)
+    env.report(9)
+    assert env.turn_rewards == [1 / 3, 0.0, 0.0, 1 / 3, 1 / 3] and env.success

@@ -31,6 +31,7 @@ class Inventory(Environment):
         super().reset()  # reward 0, not done, no metrics
         self.item, self.target = task["item"], int(task["target"])
         self.shelf = int(task["stock"])
+        self.looked_up = False
         self.turn_rewards = []  # optional: one reward per call, for RL's per-turn credit (the `progress` reward)
         self.metrics = {"ordered": 0}
         return (f"Restock the {self.item} shelf to {self.target} units: look up its stock, order what is missing, "
@@ -44,7 +45,10 @@ class Inventory(Environment):
         """
         self._check(item)
         missing = self.target - self.shelf
-        self.turn_rewards.append(1 / 3)
+        # a step toward the goal pays once: a reward that a repeated call earns again is what RL learns to farm
+        # (BENCHMARKS.md: four lookups and nothing else, from imperfect demonstrations)
+        self.turn_rewards.append(0.0 if self.looked_up else 1 / 3)
+        self.looked_up = True
         return f"{self.shelf} {item} on the shelf, {missing} short of {self.target}."
 
     def order(self, item: str, quantity: int) -> str:
