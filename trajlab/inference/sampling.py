@@ -133,3 +133,7 @@ class SeededDraws(LogitsProcessor):
         # the first token whose cumulative mass reaches u (> 0): never one the scores gave no probability
         drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1:]).float()).clamp(max=scores.shape[-1] - 1)
         return torch.full_like(scores, -torch.inf).scatter_(-1, drawn, 0.0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the streams of ``rows`` only, in that order: the other rows left the batch."""
+        self.seeds = self.seeds[rows.to(self.seeds.device)]
