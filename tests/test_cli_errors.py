@@ -82,7 +82,8 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
     "task row without a field": (["collect", *ORACLE, "--tasks", "{T}/short_task.jsonl"],
                                  "{T}/short_task.jsonl:2: not a valid arithmetic task: missing field 'answer'"),
     "task row with a mistyped field": (["collect", *ORACLE, "--tasks", "{T}/typed_task.jsonl"],
-                                       "{T}/typed_task.jsonl:1: not a valid arithmetic task: field 'a' is a string ('7')"),
+                                       "{T}/typed_task.jsonl:1: not a valid arithmetic task: "
+                                       "field 'a' is a string ('7')"),
     "export a missing record dir": (["traces", "export", "--tokenizer", "{M}", "--record-dir", "{T}/no-sessions",
                                      *OUT], "{T}/no-sessions: no such record directory"),
     "evolve with the oracle": (["evolve", "--env", "arithmetic", "--policy", "oracle", "--out", "{T}/evo"],
@@ -119,12 +120,12 @@ MISTAKES = {  # what the user typed -> a fragment of the one line they must see
                                                 "{T}/ops_task.jsonl:1: not a valid arithmetic task: field 'ops' holds "
                                                 "'divide', not one of 'add', 'subtract', 'multiply'"),
     "arithmetic task with an operation too many": (["collect", *ORACLE, "--tasks", "{T}/long_task.jsonl"],
-                                                   "{T}/long_task.jsonl:1: not a valid arithmetic task: 3 operations need "
-                                                   "operand field 'd'"),
+                                                   "{T}/long_task.jsonl:1: not a valid arithmetic task: "
+                                                   "3 operations need operand field 'd'"),
     "bfcl task of an unknown entry": (["collect", "--env", "bfcl", "--policy", "oracle", *OUT, "--tasks",
                                        "{T}/bfcl_task.jsonl"],
-                                      "{T}/bfcl_task.jsonl:1: not a valid bfcl task: 'multi_turn_base_999': category 'base' "
-                                      "has entries 0 to 199"),
+                                      "{T}/bfcl_task.jsonl:1: not a valid bfcl task: 'multi_turn_base_999': "
+                                      "category 'base' has entries 0 to 199"),
 }
 
 USAGE = {  # a wrong combination or form of options: exit 2

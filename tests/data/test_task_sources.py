@@ -121,12 +121,14 @@ def test_each_mistake_is_one_clear_line(parquet, tmp_path):
         _env({"source": str(parquet), "columns": {"problem": "a"}})
     with pytest.raises(ValueError, match=r"no split 'validation' \(for trajlab's 'test'.*its splits: train\."):
         _env({"source": str(parquet), **MAPPING, "splits": {"train": "train", "test": "validation"}})
-    with pytest.raises(ValueError, match=r"train row 1: not a valid arithmetic task: missing field 'answer'.*'question'"):
+    with pytest.raises(ValueError, match=r"train row 1: not a valid arithmetic task: "
+                       r"missing field 'answer'.*'question'"):
         _env({"source": str(parquet)})
     bad = _renamed(ROWS)
     del bad[4]["solution"]  # the JSON loader fills the hole with null, which the env's tasks never hold
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
-    with pytest.raises(ValueError, match=r"bad\.jsonl, train row 5: not a valid arithmetic task: field 'answer' is a null"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl, train row 5: not a valid arithmetic task: "
+                       r"field 'answer' is a null"):
         _env({"source": str(tmp_path / "bad.jsonl"), **MAPPING})
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "one.jsonl").write_text(json.dumps(_renamed(ROWS)[0]) + "\n")
