@@ -3,13 +3,15 @@ wall-time condition, RL at most twice SFT, is read from it)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from _seeds import record_stage_seconds  # noqa: E402
+_SPEC = importlib.util.spec_from_file_location(
+    "benchmark_seeds", Path(__file__).resolve().parents[2] / "benchmarks" / "_seeds.py")
+_SEEDS = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(_SEEDS)
+record_stage_seconds = _SEEDS.record_stage_seconds
 
 
 def test_each_stage_is_timed_in_order_and_a_resumed_run_keeps_the_first_time(tmp_path: Path) -> None:
