@@ -92,10 +92,11 @@ def main() -> None:
         name = config.stem.replace("config", config.parent.name, 1) if config.stem.startswith("config") else config.stem
         per_seed = {}
         for seed in args.seeds:
+            run_dir = args.runs_dir / name / f"seed{seed}"
             if args.reuse_sft is not None:
-                reuse_sft(args.reuse_sft / name / f"seed{seed}", args.runs_dir / name / f"seed{seed}")
-            reports, seconds = run_seed(config, seed, args.runs_dir / name / f"seed{seed}", args.sets)
-            timed = json.loads((args.runs_dir / name / f"seed{seed}" / "stage_seconds.json").read_text())
+                reuse_sft(args.reuse_sft / name / f"seed{seed}", run_dir)
+            reports, seconds = run_seed(config, seed, run_dir, args.sets)
+            timed = json.loads((run_dir / "stage_seconds.json").read_text())
             per_seed[seed] = {"seconds": seconds, "stage_seconds": timed, "stages": {r["label"]: r for r in reports}}
         results[name] = per_seed
 
