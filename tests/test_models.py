@@ -21,6 +21,7 @@ from trl.chat_template_utils import (
     qwen3_template,
 )
 
+from trajlab.models import devices
 from trajlab.models.devices import resolve_device, resolve_dtype
 from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.models.offline_tokenizer import build_offline_tokenizer
@@ -153,6 +154,22 @@ def test_unknown_devices_and_dtypes_are_clear_errors(name: str, message: str) ->
         resolve_device(name)
     with pytest.raises(ValueError, match="use auto, float32, bfloat16 or float16"):
         resolve_dtype("half", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("units", [True, False])
+def test_bfloat16_on_a_cpu_without_bfloat16_units_is_warned_once(monkeypatch, caplog, units) -> None:
+    # Both kinds of CPU, whichever this one is: only its reported instruction sets are replaced.
+    monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: units)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    devices._warn_emulated_bfloat16.cache_clear()
+    for _ in range(2):
+        assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    resolve_dtype("float32", torch.device("cpu"))
+    warned = [r.getMessage() for r in caplog.records if r.name == "trajlab.models.devices"]
+    assert len(warned) == (0 if units else 1)
+    if not units:
+        assert "without bfloat16 instructions" in warned[0] and "Use float32" in warned[0]
 
 
 @pytest.mark.parametrize(("bf16", "saved", "expected"), [

@@ -2,13 +2,15 @@
 
 Every stage of each config runs as shipped (its env, stages, rates, limits, dataset and RL settings) except what the
 budgets change: the model is ``trajlab model init --arch NAME --layers 1`` (real widths, vocabulary and tokenizer,
-random weights), in bfloat16 so the CPU's bfloat16 units carry the 150k-vocabulary head, with one demonstration,
-one SFT step, one RL step of 1 task x 2 rollouts and evaluations of one task. The demonstration is collected first
-with the config's own rollout limits (a shorter limit would truncate it); the other stages then roll out 2 turns of
-8 tokens, since the random twin writes nonsense until a limit stops it. One layer, not two: the time goes into the
-decoder layers' compute on the ~4.5k-token BFCL episodes and into writing checkpoints (the embedding dominates the
-parameters either way); measured on the 2-core CPU, the Llama config took 160 s with 2 layers and 125 s with 1.
-Peak memory about 12 GB for the Qwen3-1.7B twin, most of it the SFT step.
+random weights), with one demonstration, one SFT step, one RL step of 1 task x 2 rollouts and evaluations of one task.
+The twin is in bfloat16 where the CPU has bfloat16 units to carry the 150k-vocabulary head, in float32 where it has
+none: an AVX2 host emulates bfloat16, and its SFT step of the Llama twin ran more than 20 minutes (33 s in float32).
+The demonstration is collected first with the config's own rollout limits (a shorter limit would truncate it); the
+other stages then roll out 2 turns of 8 tokens, since the random twin writes nonsense until a limit stops it. One
+layer, not two: the time goes into the decoder layers' compute on the ~4.5k-token BFCL episodes and into writing
+checkpoints (the embedding dominates the parameters either way). Measured on a 2-core CPU with bfloat16 units, the
+Llama config took 160 s with 2 layers and 125 s with 1; on a 2-core AVX2 host in float32, 132 s (Qwen3: 108 s).
+Peak memory about 12 GB for the Qwen3-1.7B twin in bfloat16, most of it the SFT step, and 10.4 GB in float32.
 """
 
 import json
@@ -22,12 +24,14 @@ import pytest
 import yaml
 
 from trajlab.data.store import read_trajectories
+from trajlab.models.devices import cpu_has_bfloat16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"qwen3-1.7b-bfcl.yaml": "qwen3-1.7b", "llama3.2-1b-bfcl.yaml": "llama-3.2-1b"}
 BUDGETS = {"sft.max_steps": 1, "sft.gradient_accumulation_steps": 1, "rl.steps": 1, "rl.tasks_per_step": 1,
            "rl.group_size": 2, "eval.num_tasks": 1, "rollout.max_turns": 2, "rollout.max_new_tokens": 8,
            "rollout.concurrency": 2}
+DTYPE = "bfloat16" if cpu_has_bfloat16_units() else "float32"
 
 
 def _trajlab(*args: str) -> subprocess.CompletedProcess:
@@ -57,7 +61,7 @@ def test_shipped_config_runs_on_its_one_layer_twin(name, scratch):
     twin, run = scratch / "twin", scratch / "run"
     built = _trajlab("model", "init", "--arch", CONFIGS[name], "--layers", "1", str(twin))
     assert built.returncode == 0, built.stdout + built.stderr
-    model = {"run_dir": run, "model.path": twin, "model.dtype": "bfloat16", "collect.episodes": 1}
+    model = {"run_dir": run, "model.path": twin, "model.dtype": DTYPE, "collect.episodes": 1}
 
     demonstrated = _trajlab("run", str(config), *_sets(model), "--set", "stages=[collect]")
     assert demonstrated.returncode == 0, demonstrated.stdout + demonstrated.stderr
@@ -71,7 +75,7 @@ def test_shipped_config_runs_on_its_one_layer_twin(name, scratch):
     assert [r["label"] for r in json.loads((run / "results.json").read_text())] == ["base", "sft", "rl"]
     for stage in ("sft", "rl"):
         trained = json.loads((run / stage / "final" / "config.json").read_text())
-        assert trained["num_hidden_layers"] == 1 and trained["dtype"] == "bfloat16"
+        assert trained["num_hidden_layers"] == 1 and trained["dtype"] == DTYPE
     used = yaml.safe_load((run / "config.yaml").read_text())
     assert used["sft"]["learning_rate"] == shipped["sft"]["learning_rate"] == 1e-5
     assert used["rl"]["learning_rate"] == shipped["rl"]["learning_rate"] == 1e-6
