@@ -74,7 +74,8 @@ class ModelSettings(Section):
     cuda:N."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = AUTO
     """Weights' dtype: auto (float32 on the CPU; on a GPU the checkpoint's own, float32 for a bfloat16 checkpoint on a
-    GPU without bfloat16), float32, bfloat16 or float16 (inference only: not trained)."""
+    GPU without bfloat16), float32, bfloat16 or float16 (inference only: not trained). bfloat16 on a CPU without
+    bfloat16 instructions is emulated, often 10x slower than float32 (warned once)."""
     backend: Literal["hf", "vllm"] = "hf"
     """Generation backend for a model directory: hf (transformers) or vllm (an in-process vLLM engine; needs the
     vllm extra). In RL, vllm samples the rollouts and gets the trainer's weights after every optimizer step."""
