@@ -114,4 +114,4 @@ def test_the_serve_section_is_shown_and_its_unknown_keys_are_errors(tmp_path):
     from trajlab.cli import app
 
     shown = CliRunner().invoke(app, ["config", "show", "--set", "serve.port=9000"]).stdout
-    assert "\nserve:\n  host: 127.0.0.1\n  port: 9000\n" in shown and "  prefix_cache_mb: 1024\n" in shown
+    assert "\nserve:\n  host: 127.0.0.1\n  port: 9000\n" in shown and "  prefix_cache_mb: null\n" in shown

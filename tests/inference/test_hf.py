@@ -43,16 +43,6 @@ def test_rollouts_batch_across_episodes_and_logprobs_are_the_models(tiny_model_d
                 assert logprob is None
 
 
-def test_cut_never_infers_padding_from_token_ids(tiny_model_dir, tiny_tokenizer):
-    generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
-    stop = SamplingParams(max_new_tokens=5, stop_token_ids=(7,))
-    # pad may equal the stop token: the first stop token ends the turn, the rest is padding.
-    result = generator._cut([5, 6, 7, 7, 7], [-1.0] * 5, stop)
-    assert result.token_ids == [5, 6, 7] and result.finish_reason == "stop"
-    result = generator._cut([5, 6, 8, 9, 4, 7], [-1.0] * 6, stop)
-    assert result.token_ids == [5, 6, 8, 9, 4] and result.finish_reason == "length"
-
-
 def test_greedy_generation_is_deterministic(tiny_model_dir, tiny_tokenizer):
     generator = HFGenerator(load_model(tiny_model_dir), tiny_tokenizer, max_batch_size=32)
     prompt = tiny_tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n",

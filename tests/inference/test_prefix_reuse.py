@@ -105,3 +105,22 @@ def test_prefix_cache_finds_the_longest_prefix_and_stays_within_its_budget():
     assert cache.nbytes <= cache.max_bytes and cache.longest([1, 2, 3, 4, 5, 6]).token_ids == (1, 2, 3)
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0 and cache.longest([1, 2, 3, 4]) is None
+
+
+def test_the_default_budget_is_a_quarter_of_the_weights_and_at_least_64_mib(tiny_model_dir):
+    from trajlab.config import ModelSettings, ServeSettings
+    from trajlab.inference.prefix_cache import default_budget
+    from trajlab.models.loading import load_tokenizer
+    from trajlab.proxy.server import _generator
+
+    with torch.device("meta"):  # shapes only: 1.2 GB of float32 weights cost nothing here
+        big = torch.nn.Linear(1 << 14, (1 << 14) + (1 << 10))
+    weights = 4 * sum(p.numel() for p in big.parameters())
+    assert weights > 1 << 30 and default_budget(big) == weights // 4
+    tiny = load_model(tiny_model_dir)
+    assert default_budget(tiny) == 64 << 20  # the tiny model's 12 MB of weights: the floor
+    tokenizer, model = load_tokenizer(tiny_model_dir), ModelSettings(path=str(tiny_model_dir), device="cpu")
+    served, _ = _generator(ServeSettings(), model, tokenizer, "tiny", None)
+    assert served.prefix_cache.max_bytes == 64 << 20
+    served, _ = _generator(ServeSettings(prefix_cache_mb=300), model, tokenizer, "tiny", None)
+    assert served.prefix_cache.max_bytes == 300 << 20

@@ -379,9 +379,11 @@ class ServeSettings(Section):
     body_timeout_s: float = Field(30.0, gt=0)
     """Seconds a request body may take to arrive whole; then 408 (a client that sends less than its Content-Length
     would otherwise hold its connection forever)."""
-    prefix_cache_mb: int = Field(1024, ge=0)
+    prefix_cache_mb: int | None = Field(None, ge=0)
     """Memory (MiB) for key/value states kept between a session's calls (hf backend; least recently used dropped
-    first): with the model's weights, what bounds the server's memory."""
+    first): with the model's weights, what bounds the server's memory. None: a quarter of the weights' bytes, at least
+    64 MiB, so the server's memory stays in proportion to the model's (a fixed 1 GiB is twice the tiny model's whole
+    server)."""
     default_max_tokens: int = Field(1024, ge=1)
     """Completion tokens when a chat request sets no max_tokens (never more than the context has left)."""
     max_choices: int = Field(256, ge=1)

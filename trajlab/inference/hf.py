@@ -1,34 +1,29 @@
-"""transformers backend: batches the turns of concurrent episodes into one ``model.generate`` call.
+"""transformers backend: batches the turns of concurrent episodes into one generation loop (``hf_decode``).
 
 Episodes submit requests independently; a single worker drains the queue, groups requests with the same sampling
 settings into a left-padded batch, and runs generation on one long-lived thread so tools of other episodes keep
-running. Each row samples from its own stream, seeded by its request (``sampling.SeededDraws``), so batching never
-changes what an episode samples. Each turn feeds only the tokens the model has not read yet: the key/value states of
-every episode's history, and of the head all prompts of a batch share, are kept between calls (see ``prefix_cache``).
+running. A row leaves its batch as soon as it is done, and long prompts are read in chunks, so a batch's memory
+follows what its rows still need. Each row samples from its own stream, seeded by its request
+(``sampling.SeededDraws``), so batching never changes what an episode samples. Each turn feeds only the tokens the
+model has not read yet: the key/value states of every episode's history, and of the head all prompts of a batch
+share, are kept between calls (see ``prefix_cache``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import inspect
 import os
 import statistics
 import threading
 from typing import Any
 
 import torch
-from transformers import (
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    StoppingCriteria,
-    StoppingCriteriaList,
-)
+from transformers import Cache, PreTrainedModel, PreTrainedTokenizerBase
 
 from trajlab.inference.base import GenerationRequest, GenerationResult, SamplingParams
 from trajlab.inference.batching import BatchingGenerator, PendingRequest
+from trajlab.inference.hf_decode import decode, prefill
 from trajlab.inference.hf_states import (
     BatchLayout,
     batch_cache,
@@ -39,21 +34,13 @@ from trajlab.inference.hf_states import (
 )
 from trajlab.inference.pixels import image_inputs
 from trajlab.inference.prefix_cache import CachedPrefix, PrefixCache
-from trajlab.inference.sampling import SeededDraws, generation_config, sampling_logprobs, sampling_processors
-from trajlab.models.devices import release_freed_memory
 
 MIN_SHARED_PREFIX = 16
 """A batch's common head shorter than this is fed per row: reading it once would save less than it costs."""
 
-
-class _StopAbandoned(StoppingCriteria):
-    """Ends the rows whose request nobody waits for any more; generate stops when every row has ended."""
-
-    def __init__(self, abandoned: list[threading.Event]) -> None:
-        self.abandoned = abandoned
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        return torch.tensor([event.is_set() for event in self.abandoned], device=input_ids.device)
+DECODE_ROOM = 256
+"""Generated tokens a batch's key/value states have room for at first; rows that go on grow them by doubling. Room
+for every row's ``max_new_tokens`` up front held 32,000 columns for each row batched with a 32,000-token call."""
 
 
 class HFGenerator(BatchingGenerator):
@@ -96,9 +83,6 @@ class HFGenerator(BatchingGenerator):
         self._compute = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="trajlab-hf")
         self.reuse_prefixes = reuse_prefixes and supports_prefix_reuse(model)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        # Reading ahead needs states, not logits: a real vocabulary makes full logits the largest tensor by far.
-        keeps = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._last_logit_only = {"logits_to_keep": 1} if keeps else {}
         self._states_version: tuple[int, ...] = ()
         self.generated_tokens = 0
         self.fed_tokens = 0
@@ -110,8 +94,8 @@ class HFGenerator(BatchingGenerator):
             self._compute, self._generate_batch, [p.request for p in batch], [p.abandoned for p in batch])
 
     def _take_batch(self) -> list[PendingRequest]:
-        """The oldest request and those queued with the same sampling settings: one ``generate`` call samples
-        all its rows alike."""
+        """The oldest request and those queued with the same sampling settings: one batch samples all its
+        rows alike."""
         key = _batch_key(self._queue[0].request.params)
         batch = [p for p in self._queue if _batch_key(p.request.params) == key][: self.max_batch_size]
         self._queue = [p for p in self._queue if p not in batch]
@@ -120,41 +104,28 @@ class HFGenerator(BatchingGenerator):
     @torch.inference_mode()
     def _generate_batch(self, requests: list[GenerationRequest],
                         abandoned: list[threading.Event]) -> list[GenerationResult]:
-        params = requests[0].params
-        max_new_tokens = max(r.params.max_new_tokens for r in requests)
         prompts = [r.prompt_ids for r in requests]
         images = [image for request in requests for image in request.images]
         prefixes = [None] * len(prompts) if images else self._reusable_prefixes(prompts)
         layout = BatchLayout.of(prompts, prefixes)
         input_ids, attention_mask = layout.inputs(prompts, self.pad_id)
-        recorder = ChosenLogprobs()
-        # the recorder sees the distribution sampled from; the heap is trimmed as generation goes
-        processors = [*sampling_processors(params), recorder, _ReleaseFreedMemory()]
-        if params.temperature > 0:  # each row draws from its own stream: the same tokens whatever shares the batch
-            seeds = [r.seed if r.seed is not None else int(torch.randint(1 << 62, ())) for r in requests]
-            processors.append(SeededDraws(seeds, self.model.device))
-        states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + max_new_tokens)
-        output = self.model.generate(
-            input_ids=input_ids.to(self.model.device),
-            attention_mask=attention_mask.to(self.model.device),
-            past_key_values=states,
-            generation_config=generation_config(params, max_new_tokens=max_new_tokens, pad_id=self.pad_id,
-                                                return_dict_in_generate=True),
-            logits_processor=LogitsProcessorList(processors),
-            stopping_criteria=StoppingCriteriaList([_StopAbandoned(abandoned)]),
-            **image_inputs(self.model, self.processor, images, input_ids),
-        )
-        new_tokens = output.sequences[:, layout.width:].cpu()  # (B, N)
-        logprobs = recorder.logprobs(output.sequences[:, layout.width:]).cpu()  # (B, N)
-        self.batches += 1
+        # room for the tokens to feed and the first generated ones; the rest is grown into only if rows get there
+        longest = min(max(r.params.max_new_tokens for r in requests), DECODE_ROOM)
+        states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width + longest)
+        logits, states, positions = prefill(self.model, input_ids, attention_mask, layout.cached_width, states,
+                                            **image_inputs(self.model, self.processor, images, input_ids))
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
-        results = [self._cut(new_tokens[row].tolist(), logprobs[row].tolist(), request.params)
-                   for row, request in enumerate(requests)]
-        if self.reuse_prefixes and not images:  # each row's prompt and generated tokens but the last (unread)
-            for row, (prompt, result) in enumerate(zip(prompts, results, strict=True)):
-                kept = result.token_ids[:-1]
-                layers = row_states(output.past_key_values, row, layout.columns(row, len(prompt), len(kept)))
+        keep = self.reuse_prefixes and not images
+
+        def leaving(index: int, row: int, cache: Cache, result: GenerationResult) -> None:
+            self.generated_tokens += len(result.token_ids)
+            if keep:  # the row's prompt and generated tokens but the last (unread)
+                prompt, kept = prompts[index], result.token_ids[:-1]
+                layers = row_states(cache, row, layout.columns(index, len(prompt), len(kept)))
                 self.prefix_cache.add(CachedPrefix((*prompt, *kept), layers))
+
+        results = decode(self.model, logits, states, attention_mask, positions, requests, abandoned, leaving)
+        self.batches += 1
         return results
 
     def _reusable_prefixes(self, prompts: list[list[int]]) -> list[CachedPrefix | None]:
@@ -190,85 +161,15 @@ class HFGenerator(BatchingGenerator):
         """Run sequences through the model after their known prefixes, without generating; keep their states."""
         layout = BatchLayout.of(sequences, prefixes)
         input_ids, attention_mask = layout.inputs(sequences, self.pad_id)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, layout.cached_width:]
-        device = self.model.device
-        output = self.model(
-            input_ids=input_ids[:, layout.cached_width:].to(device),
-            attention_mask=attention_mask.to(device),
-            position_ids=position_ids.to(device),
-            past_key_values=batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width),
-            use_cache=True,
-            **self._last_logit_only,
-        )
+        states = batch_cache(self.model, prefixes, layout, room=layout.width - layout.cached_width)
+        _, states, _ = prefill(self.model, input_ids, attention_mask, layout.cached_width, states)
         self.fed_tokens += int(attention_mask[:, layout.cached_width:].sum())
-        entries = [CachedPrefix(tuple(sequence), row_states(output.past_key_values, row,
+        entries = [CachedPrefix(tuple(sequence), row_states(states, row,
                                                              layout.columns(row, len(sequence))))
                    for row, sequence in enumerate(sequences)]
         for entry in entries:
             self.prefix_cache.add(entry)
         return entries
-
-    def _cut(self, tokens: list[int], logprobs: list[float], params: SamplingParams) -> GenerationResult:
-        """One row's tokens up to and including its first stop token; padding is never guessed from token ids."""
-        stops = set(params.stop_token_ids)
-        end = next((i + 1 for i, token in enumerate(tokens) if token in stops), None)
-        if end is not None and end <= params.max_new_tokens:
-            result = GenerationResult(tokens[:end], logprobs[:end], "stop")
-        else:
-            limit = min(len(tokens), params.max_new_tokens)
-            result = GenerationResult(tokens[:limit], logprobs[:limit], "length")
-        self.generated_tokens += len(result.token_ids)
-        return result
-
-
-TRIM_EVERY_STEPS = 16
-"""Generation steps between two trims of the C heap (:class:`_ReleaseFreedMemory`)."""
-
-
-class _ReleaseFreedMemory(LogitsProcessor):
-    """Every ``TRIM_EVERY_STEPS`` steps, the heap's freed pages back to the system (:func:`release_freed_memory`):
-    each step frees (B, V) logits buffers between the key/value states it grows, and without trimming a 256-token turn
-    of 16 rows on Qwen3's vocabulary kept about 1 GB resident."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        self.steps += 1
-        if self.steps % TRIM_EVERY_STEPS == 0:
-            release_freed_memory()
-        return scores
-
-
-class ChosenLogprobs(LogitsProcessor):
-    """Keeps each generated token's log-probability under the distribution it was sampled from, not the step's logits.
-
-    ``output_scores`` would keep a (B, V) float32 tensor per step, gigabytes for long turns with a real vocabulary.
-    This processor comes after trajlab's sampling warpers (``sampling_processors``: temperature, top-k, top-p) and
-    before the draw's noise (``SeededDraws``), so it sees the very distribution sampled from; it reduces the previous
-    step's distribution to the token that was sampled from it (now the last of ``input_ids``) and holds one step's
-    log-softmax: memory O(B x N), not O(B x N x V).
-    """
-
-    def __init__(self) -> None:
-        self.chosen: list[torch.Tensor] = []  # (B,) per step already decided
-        self.pending: torch.Tensor | None = None  # (B, V): the newest step's log-softmax, its token not yet known
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self.pending is not None:
-            self.chosen.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.pending = sampling_logprobs(scores)
-        return scores
-
-    def logprobs(self, new_tokens: torch.Tensor) -> torch.Tensor:
-        """(B, N) log-probabilities of the ``new_tokens`` (B, N) that generate returned."""
-        steps = new_tokens.shape[1]
-        if len(self.chosen) < steps and self.pending is not None:  # the last step's token never came back as input
-            self.chosen.append(self.pending.gather(-1, new_tokens[:, len(self.chosen), None]).squeeze(-1))
-        self.pending = None
-        if not steps:
-            return torch.zeros(new_tokens.shape)
-        return torch.stack(self.chosen[:steps], dim=1)
 
 
 def _batch_key(params: SamplingParams) -> tuple[float, float, int, tuple[int, ...]]:

@@ -75,6 +75,11 @@ class RoomyLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the rows ``indices`` only: the room of the others is freed with them."""
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self.keys, self.values = self._keys[:, :, : self.length], self._values[:, :, : self.length]
+
 
 def batch_cache(model: PreTrainedModel, prefixes: Sequence[CachedPrefix | None], layout: BatchLayout,
                 room: int) -> DynamicCache | None:

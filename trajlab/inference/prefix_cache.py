@@ -28,6 +28,17 @@ class CachedPrefix:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
+MIN_DEFAULT_BYTES = 64 << 20
+"""The least a default budget holds: about 32,000 tokens' states on the tiny model."""
+
+
+def default_budget(model: torch.nn.Module) -> int:
+    """A quarter of ``model``'s weight bytes, at least ``MIN_DEFAULT_BYTES``: kept states then add at most a quarter
+    to what the weights take, whatever the model's size."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(MIN_DEFAULT_BYTES, weights // 4)
+
+
 class PrefixCache:
     """Least-recently-used store of prefix states, bounded in bytes.
 

@@ -1,14 +1,13 @@
-"""The distribution a turn is sampled from, and how ``model.generate`` is told to sample from exactly that.
+"""The distribution a turn is sampled from, exactly as configured.
 
 A checkpoint's ``generation_config.json`` may set a repetition penalty, an n-gram ban, a minimum length, its own
-temperature or top-k; ``model.generate`` fills every option a passed config leaves unset from it. Any of them would
-change what is sampled while the recorded logprobs, and the RL ratio built on them, assume trajlab's settings. So
-generation runs with :class:`ExplicitGenerationConfig`, which takes nothing from the checkpoint, and the only logits
-processors are :func:`sampling_processors`: temperature, then top-k, then top-p, transformers' own warpers in the
-order ``generate`` would apply them. The scores they return are the tensor ``generate`` samples from, so a token's
-recorded logprob is ``log_softmax`` of those scores: the log-probability under the renormalised, truncated
-distribution it was drawn from (with top-k 0 and top-p 1, plain ``log_softmax(logits / temperature)``). Greedy
-turns record the model's own ``log_softmax(logits)``.
+temperature or top-k; ``model.generate`` would fill every option a passed config leaves unset from it, changing what
+is sampled while the recorded logprobs, and the RL ratio built on them, assume trajlab's settings. The hf backend's
+own loop (``hf_decode``) reads none of it: the only logits processors are :func:`sampling_processors`: temperature,
+then top-k, then top-p, transformers' own warpers in the order ``generate`` would apply them. The scores they return
+are the tensor sampled from, so a token's recorded logprob is ``log_softmax`` of those scores: the log-probability
+under the renormalised, truncated distribution it was drawn from (with top-k 0 and top-p 1, plain
+``log_softmax(logits / temperature)``). Greedy turns record the model's own ``log_softmax(logits)``.
 
 The draw itself is :class:`SeededDraws`: each row of a batch has its own random stream, seeded per request, so what
 an episode samples depends on its seed alone, not on which other episodes shared its batches, in what order
@@ -22,7 +21,6 @@ from typing import Any
 
 import torch
 from transformers import (
-    GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -31,44 +29,6 @@ from transformers import (
 )
 
 from trajlab.inference.base import SamplingParams
-
-
-class ExplicitGenerationConfig(GenerationConfig):
-    """A generation config that is the whole truth: ``generate`` may not fill its unset options from the model's.
-
-    ``generate`` completes a passed config with ``update(defaults_only=True, ...)`` from the checkpoint's
-    generation config and then from transformers' global defaults; this config already holds every global default
-    explicitly, so it refuses both.
-    """
-
-    def update(self, defaults_only: bool = False, allow_custom_entries: bool = False, **kwargs: Any) -> dict[str, Any]:
-        if defaults_only:
-            return kwargs
-        return super().update(allow_custom_entries=allow_custom_entries, **kwargs)
-
-
-def generation_config(
-    params: SamplingParams, *, max_new_tokens: int, pad_id: int, **outputs: bool
-) -> ExplicitGenerationConfig:
-    """How ``generate`` decodes a batch: up to ``max_new_tokens``, stopping at ``params.stop_token_ids`` only; every
-    other option is transformers' neutral default, whatever the checkpoint says. ``generate`` itself always takes
-    the highest score: sampling is :func:`sampling_processors` shaping the distribution and :class:`SeededDraws`
-    perturbing its scores so that the highest is a draw from it, both passed as ``logits_processor``.
-
-    Args:
-        outputs: what ``generate`` returns, e.g. ``return_dict_in_generate=True, output_scores=True``.
-    """
-    explicit = dict(
-        do_sample=False,  # SeededDraws makes the argmax a sample
-        temperature=1.0,  # applied by sampling_processors, so that scores are what is sampled from
-        top_p=1.0,  # top_k stays at its default: inert without do_sample (0 would be warned about as invalid)
-        max_length=None,  # not the global 20: generate would warn that it and max_new_tokens are both set
-        max_new_tokens=max_new_tokens,
-        eos_token_id=list(params.stop_token_ids) or None,
-        pad_token_id=pad_id,
-        bos_token_id=None,
-    )
-    return ExplicitGenerationConfig(**(GenerationConfig._get_default_generation_params() | explicit | outputs))
 
 
 def sampling_processors(params: SamplingParams) -> LogitsProcessorList:
@@ -84,7 +44,7 @@ def sampling_processors(params: SamplingParams) -> LogitsProcessorList:
 
 
 def sampling_logprobs(scores: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities (..., V) of the distribution ``generate`` samples from, given its processed scores; tokens
+    """Log-probabilities (..., V) of the distribution sampled from, given its processed scores; tokens
     top-k or top-p cut have -inf."""
     return torch.log_softmax(scores.float(), dim=-1)
 
@@ -115,11 +75,11 @@ def counter_uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tenso
 class SeededDraws(LogitsProcessor):
     """Samples each row from its own random stream: row r's token at step t is drawn by inverting the cumulative
     distribution of ``softmax(scores[r])`` at a counter-based uniform of (``seeds[r]``, t) (:func:`counter_uniforms`).
-    The returned scores keep only the drawn token (the rest -inf), so ``generate``'s greedy choice is the draw, and a
+    The returned scores keep only the drawn token (the rest -inf), so their argmax is the draw, and a
     row samples the same tokens whichever rows share its batch. One uniform per row per step: the draw costs a
     softmax and a cumulative sum, not vocabulary-sized noise.
 
-    Comes after the recorder (``ChosenLogprobs``), which keeps the distribution's logprobs.
+    Its input is the warped scores (whose logprobs are recorded); :meth:`select` follows rows leaving the batch.
     """
 
     def __init__(self, seeds: list[int], device: torch.device | str) -> None:
@@ -133,3 +93,7 @@ class SeededDraws(LogitsProcessor):
         # the first token whose cumulative mass reaches u (> 0): never one the scores gave no probability
         drawn = torch.searchsorted(cdf, (uniform * cdf[:, -1:]).float()).clamp(max=scores.shape[-1] - 1)
         return torch.full_like(scores, -torch.inf).scatter_(-1, drawn, 0.0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the streams of ``rows`` only, in that order: the other rows left the batch."""
+        self.seeds = self.seeds[rows.to(self.seeds.device)]

@@ -13,6 +13,7 @@ from trajlab.chat.template import resolve_chat
 from trajlab.config import ModelSettings, ServeSettings
 from trajlab.inference.base import Generator, is_server_url
 from trajlab.inference.hf import HFGenerator
+from trajlab.inference.prefix_cache import default_budget
 from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_model, load_processor, load_tokenizer
 from trajlab.proxy.local import create_app
@@ -69,5 +70,6 @@ def _generator(serve: ServeSettings, model: ModelSettings, tokenizer: PreTrained
                                   engine_args=model.engine_args(), batching=model.vllm.batching)
         return generator, AutoConfig.from_pretrained(model.path, local_files_only=True)
     loaded = load_model(model.path, device=model.device, dtype=model.dtype)
-    return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name,
-                       prefix_cache_bytes=serve.prefix_cache_mb << 20, processor=processor), loaded.config
+    budget = default_budget(loaded) if serve.prefix_cache_mb is None else serve.prefix_cache_mb << 20
+    return HFGenerator(loaded, tokenizer, max_batch_size=serve.max_batch_size, name=name, prefix_cache_bytes=budget,
+                       processor=processor), loaded.config
