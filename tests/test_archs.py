@@ -13,10 +13,10 @@ from trajlab.models.devices import cpu_has_bfloat16_units
 from trajlab.models.families import family, load_family_tokenizer
 from trajlab.models.loading import load_model, load_tokenizer
 
-# Parameters of the published checkpoints, from their model cards (total, and without the embedding): the shapes
-# copied into ARCHS must reproduce them at the real depth.
 TWIN_DTYPE = "bfloat16" if cpu_has_bfloat16_units() else "float32"
 
+# Parameters of the published checkpoints, from their model cards (total, and without the embedding): the shapes
+# copied into ARCHS must reproduce them at the real depth.
 PUBLISHED = {
     "qwen3-0.6b": (0.6e9, 0.44e9),
     "qwen3-1.7b": (1.7e9, 1.4e9),
