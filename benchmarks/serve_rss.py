@@ -147,21 +147,38 @@ def warm_call(client: Client, rng: random.Random, index: int) -> str:
 
 
 class Sampler(threading.Thread):
-    """Reads the server's RSS every 50 ms; ``peak`` is the largest seen since the last ``reset``."""
+    """Reads the server's RSS every 50 ms; ``peak`` is the largest seen since the last ``reset``, and ``at_peak``
+    the calls in flight when it was seen (``calling`` counts them), which says what the peak is made of."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid, self.peak, self.stop = pid, 0.0, threading.Event()
+        self.in_flight: Counter[str] = Counter()
+        self.at_peak: Counter[str] = Counter()
+        self.lock = threading.Lock()
 
     def reset(self) -> None:
         self.peak = rss_mb(self.pid)
 
+    @contextlib.contextmanager
+    def calling(self, kind: str):
+        with self.lock:
+            self.in_flight[kind] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight[kind] -= 1
+
     def run(self) -> None:
         while not self.stop.wait(0.05):
             try:
-                self.peak = max(self.peak, rss_mb(self.pid))
+                now = rss_mb(self.pid)
             except (OSError, RuntimeError):
                 return
+            if now > self.peak:
+                with self.lock:
+                    self.peak, self.at_peak = now, +self.in_flight
 
 
 def run(args: argparse.Namespace) -> None:
@@ -187,7 +204,12 @@ def run(args: argparse.Namespace) -> None:
             plan = [(chosen[i % len(chosen)], rng.random()) for i in range(args.requests)]
             rng.shuffle(plan)
             started = time.time()
-            for kind, status in pool.map(lambda p: (p[0], kinds[p[0]](client, random.Random(p[1]))), plan):
+
+            def hostile(kind: str, seed: float) -> tuple[str, str]:
+                with sampler.calling(kind):
+                    return kind, kinds[kind](client, random.Random(seed))
+
+            for kind, status in pool.map(lambda p: hostile(*p), plan):
                 outcomes[f"{kind} {status}"] += 1
             elapsed = time.time() - started
         time.sleep(args.settle)
@@ -199,11 +221,12 @@ def run(args: argparse.Namespace) -> None:
         server.terminate()
         server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
-    report(args, warm, warm_rss, peak, after, outcomes, elapsed)
+    report(args, warm, warm_rss, (peak, sampler.at_peak), after, outcomes, elapsed)
 
 
-def report(args: argparse.Namespace, warm: Counter, warm_rss: float, peak: float, after: float,
+def report(args: argparse.Namespace, warm: Counter, warm_rss: float, peak_seen: tuple[float, Counter], after: float,
            outcomes: Counter, elapsed: float) -> None:
+    peak, at_peak = peak_seen
     print(f"trajlab serve, tiny model {' '.join(args.serve_arg)}, {args.clients} clients: {args.warmup} warm-up "
           f"calls {dict(warm)}, then {args.requests} hostile calls in {elapsed:.0f} s")
     print("| hostile call | answers |\n|---|---|")
@@ -216,6 +239,7 @@ def report(args: argparse.Namespace, warm: Counter, warm_rss: float, peak: float
     print("\n| RSS | MB | / warm-up |\n|---|---|---|")
     for label, value in (("after warm-up", warm_rss), ("peak, hostile mix", peak), ("after", after)):
         print(f"| {label} | {value:.0f} | {value / warm_rss:.2f}x |")
+    print(f"\nIn flight at the peak: {', '.join(f'{k} x{n}' for k, n in sorted(at_peak.items())) or 'nothing'}")
 
 
 def main() -> None:

@@ -117,12 +117,19 @@ def test_text_that_holds_the_models_image_token_gets_a_400(vision_server) -> Non
         client(vision_server.url, "injected").completions.create(model=MODEL, prompt=[soft, soft], max_tokens=2)
 
 
-def test_a_text_model_refuses_an_image_with_a_400(hf_server) -> None:
+def test_a_text_model_refuses_an_image_before_decoding_it_and_records_no_bytes(hf_server, monkeypatch) -> None:
+    """Decoding a 25-megapixel image took 200 MB, only to be refused: the refusal comes first, and the record keeps
+    what the part held, not its bytes (no model saw them)."""
+    decoded = []
+    monkeypatch.setattr("trajlab.proxy.local.inline_images", lambda messages: decoded.append(1))
+    url = data_url(picture(RED))
     with pytest.raises(openai.BadRequestError, match="reads text only"):
-        ask(hf_server, "text-model", [looking_at(data_url(picture(RED)))])
+        ask(hf_server, "text-model", [looking_at(url)])
     (record,) = read_session(hf_server.records / "text-model.jsonl")
-    assert record["status"] == 400 and "base64" not in json.dumps(record), "recorded by id even when refused"
-    assert (image_dir(hf_server.records / "text-model.jsonl") / encode_png(picture(RED))[0]).is_file()
+    assert record["status"] == 400 and not decoded and url not in json.dumps(record)
+    part = record["request"]["messages"][0]["content"][1]
+    assert part["image_url"]["url"] == f"not kept: {url[:30]}... ({len(url)} characters)"
+    assert not image_dir(hf_server.records / "text-model.jsonl").exists()
 
 
 def test_jpeg_and_webp_become_png_by_id_in_user_and_tool_messages_only() -> None:

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
+import trajlab.proxy.app as app_module
 from trajlab.chat.parsers import get_parser
+from trajlab.chat.template import ChatTemplate
 from trajlab.config import ServeSettings
 from trajlab.proxy import SessionRecorder, create_app
 from trajlab.proxy.limits import TokenFloor
@@ -76,3 +82,59 @@ def test_a_request_asking_for_more_choices_than_max_choices_is_refused_before_an
     with running(fake_app(tiny_tokenizer, tiny_template, tmp_path, ServeSettings(max_choices=4))) as url:
         status, error = post(url, "/v1/chat/completions", json.dumps({**GOOD, "n": 5}).encode())
         assert status == 400 and error["error"]["param"] == "n", error
+
+
+def test_more_messages_than_the_context_has_tokens_are_refused_before_they_are_rendered(
+        tiny_tokenizer, tiny_template, tmp_path, monkeypatch):
+    """100,000 messages in under 4 MiB took 100 MB of objects and seconds of the event loop to render, only to be
+    found past the context afterwards."""
+    rendered = []
+    render = ChatTemplate.render
+    monkeypatch.setattr(ChatTemplate, "render", lambda self, *a, **k: rendered.append(1) or render(self, *a, **k))
+    with running(fake_app(tiny_tokenizer, tiny_template, tmp_path, ServeSettings(max_context=256))) as url:
+        status, error = post(url, "/v1/chat/completions", json.dumps(
+            {**GOOD, "messages": [{"role": "user", "content": ""}] * 257}).encode())
+        assert status == 400 and error["error"]["code"] == "context_length_exceeded", error
+        assert "257 messages" in error["error"]["message"] and not rendered
+        status, _ = post(url, "/v1/chat/completions", json.dumps(
+            {**GOOD, "messages": [{"role": "user", "content": "hi"}] * 3}).encode())
+        assert status == 200 and rendered
+
+
+def test_large_bodies_are_prepared_one_at_a_time_and_small_ones_pass_them(tiny_tokenizer, tiny_template, tmp_path,
+                                                                         monkeypatch):
+    """A refused large body's objects live until its record is written (a thread); the next large body waits for
+    that rather than parse beside it, while small calls go on."""
+    parsed, release = [], threading.Event()
+    loads = json.loads
+    monkeypatch.setattr(app_module, "json", SimpleNamespace(loads=lambda data, **k: parsed.append(len(data))
+                                                            or loads(data, **k)))
+    append = SessionRecorder.append
+
+    def slow_append(self, session, record, *args):
+        if record["status"] == 400:
+            release.wait(timeout=30)
+        return append(self, session, record, *args)
+
+    monkeypatch.setattr(SessionRecorder, "append", slow_append)
+    large = json.dumps({**GOOD, "messages": [{"role": "user", "content": "ab " * 400_000}]}).encode()
+    assert len(large) > app_module.LARGE_BODY_BYTES
+    with running(fake_app(tiny_tokenizer, tiny_template, tmp_path, ServeSettings(max_context=256))) as url, \
+            ThreadPoolExecutor(2) as pool:
+        first = pool.submit(post, url, "/v1/chat/completions", large)
+        _wait_for(lambda: len(parsed) == 1)
+        second = pool.submit(post, url, "/v1/chat/completions", large)
+        assert post(url, "/v1/chat/completions", json.dumps(GOOD).encode())[0] == 200
+        time.sleep(0.5)
+        assert [size > app_module.LARGE_BODY_BYTES for size in parsed] == [True, False], \
+            "the second large body was parsed while the first one's record was being written"
+        release.set()
+        assert first.result()[0] == second.result()[0] == 400
+    assert [size > app_module.LARGE_BODY_BYTES for size in parsed] == [True, False, True]
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

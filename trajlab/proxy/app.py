@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 RELEASE_EVERY_S = 1.0
 """Least seconds between two hand-backs of freed heap pages (``_CallHandler``); each costs 2-15 ms off the loop."""
 
+LARGE_BODY_BYTES = 1 << 20
+"""Bodies larger than this are prepared one at a time (``CallContext.hold_gate``): one body of 100,000 small messages
+parses, validates and renders into about 120 MB of objects, and four such calls at once took four times that."""
+
 
 @dataclass
 class CallContext:
@@ -54,6 +58,24 @@ class CallContext:
     """Set once the whole body is in: from then on a message from the client can only be its disconnect."""
     images: dict[str, bytes] = field(default_factory=dict)
     """The PNG bytes of the request's images by id (the body names them by id): stored beside the record."""
+    gate: asyncio.Semaphore | None = None
+    """The server's gate for large bodies; held from the body's arrival until ``release_gate``."""
+    holds_gate: bool = False
+
+    async def hold_gate(self) -> None:
+        """Wait until no other large body is being prepared. Preparing is synchronous work on the event loop, so
+        calls gain nothing by overlapping there; what they overlap is a refused call's recording (a thread) with the
+        next call's parsing, each holding its body's objects."""
+        if self.gate is not None and not self.holds_gate:
+            await self.gate.acquire()
+            self.holds_gate = True
+
+    def release_gate(self) -> None:
+        """Let the next large body in: called once the prompt is made (the backend, before generating) or when the
+        call ends, whichever comes first."""
+        if self.holds_gate:
+            self.holds_gate = False
+            self.gate.release()
 
     def record(self, model: str, **fields: Any) -> dict[str, Any]:
         return {"schema": RECORD_SCHEMA, "session_id": self.session, "session_source": self.source,
@@ -125,11 +147,17 @@ class _CallHandler:
     def __init__(self, recorder: SessionRecorder, model_name: str) -> None:
         self.recorder, self.model_name = recorder, model_name
         self._released, self._release_pending = 0.0, False
+        self._large_bodies = asyncio.Semaphore(1)
 
     async def __call__(self, request: Request, session_path: str | None, endpoint: str, work: Work) -> Response:
+        session, source = resolve_session(request, session_path)
+        prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
+        call = CallContext(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time(),
+                           gate=self._large_bodies)
         try:
-            return await self._answer(request, session_path, endpoint, work)
+            return await self._answer(request, call, work)
         finally:
+            call.release_gate()
             self._release_memory_soon()
 
     def _release_memory_soon(self) -> None:
@@ -147,10 +175,7 @@ class _CallHandler:
         self._release_pending, self._released = False, time.monotonic()
         loop.run_in_executor(None, release_freed_memory)
 
-    async def _answer(self, request: Request, session_path: str | None, endpoint: str, work: Work) -> Response:
-        session, source = resolve_session(request, session_path)
-        prefix = "chatcmpl" if endpoint.endswith("chat/completions") else "cmpl"
-        call = CallContext(session, source, f"{prefix}-{uuid.uuid4().hex}", endpoint, time.time())
+    async def _answer(self, request: Request, call: CallContext, work: Work) -> Response:
         try:
             response, fields, stream = await _unless_disconnected(request, call, work(request, call))
         except ClientGone as exc:
@@ -160,8 +185,11 @@ class _CallHandler:
             await self._record(call, status=499, error=gone.body()["error"])
             return Response(status_code=499)  # nobody reads it
         except APIError as exc:
+            # The client's error needs no traceback, and its frames (and its cause's) hold the call's parsed body,
+            # request and prompt until the error's response is sent, long after the next call's began.
+            exc.__traceback__ = exc.__cause__ = exc.__context__ = None
             await self._record(call, status=exc.status, error=exc.body()["error"])
-            raise
+            raise exc
         except Exception as exc:
             logger.exception("request %s failed", call.request_id)
             error = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
@@ -241,6 +269,8 @@ async def read_body(request: Request, call: CallContext, serve: ServeSettings) -
     except ClientDisconnect as exc:  # the client's doing, not a server error: no traceback in the server's log
         raise ClientGone(f"the client disconnected while sending its body ({len(body)} bytes received)") from exc
     call.body_read.set()
+    if len(body) > LARGE_BODY_BYTES:
+        await call.hold_gate()
     try:
         parsed = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -44,6 +44,32 @@ def inline_images(messages: list[Any]) -> tuple[list[Any], dict[str, bytes]]:
     return out, images
 
 
+def has_image_parts(messages: list[Any]) -> bool:
+    """Whether any message holds an ``image_url`` part."""
+    return any(isinstance(message, dict) and isinstance(message.get("content"), list)
+               and any(_is_image_url(part) for part in message["content"]) for message in messages)
+
+
+def without_image_data(messages: list[Any]) -> list[Any]:
+    """``messages`` with each ``image_url`` part's URL replaced by a line saying what it held (its first 30
+    characters and its length): the record of a call refused before its images were decoded, which keeps no bytes,
+    as no model saw them."""
+    out = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            message = {**message, "content": [_described(part) if _is_image_url(part) else part for part in content]}
+        out.append(message)
+    return out
+
+
+def _described(part: dict[str, Any]) -> dict[str, Any]:
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else None
+    said = f"not kept: {url[:30]}... ({len(url)} characters)" if isinstance(url, str) else "not kept"
+    return {**part, "image_url": {**spec, "url": said} if isinstance(spec, dict) else said}
+
+
 def _is_image_url(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "image_url"
 

@@ -81,6 +81,7 @@ def create_upstream_app(backend: UpstreamBackend, recorder: SessionRecorder, ser
         if not isinstance(body.get("model"), str):
             raise bad_request("model: a string is required", param="model")
         call.model = body["model"]
+        call.release_gate()  # forwarding overlaps other calls
         return body
 
     async def chat_work(request: Request, call: CallContext):
