@@ -296,6 +296,13 @@ class RLSettings(TrainingSettings):
     """Asynchronous RL: rollouts of the next K steps run while the current step trains, from weights at most K steps
     old (each trajectory records its policy version; older ones are dropped); the update corrects for the lag with
     importance sampling (on under auto). 0: synchronous, every step sampled by the weights just trained."""
+    replay_demonstrations: int = Field(0, ge=0)
+    """Logged demonstrations trained beside each step's rollouts (``trajlab.train.replay``), each weighted by its
+    reward against the whole log's rewards (one group of all of them, ``estimator`` and ``credit`` as for rollouts): a
+    failed one is pushed down, a successful one pulled up. 0: none. They come from ``demonstrations``."""
+    demonstrations: str | None = None
+    """The trajectory file ``replay_demonstrations`` draws from, its episodes' token ids kept (``trajlab collect``
+    writes such files). None: under ``trajlab run``, the run's ``demos.jsonl``; elsewhere required for replay."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
 

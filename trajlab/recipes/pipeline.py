@@ -195,6 +195,9 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
     demonstrated = task_keys(run / "demos.jsonl") if (run / "demos.jsonl").is_file() else frozenset()
     if demonstrated:
         log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
+    settings = config.rl.model_dump()
+    if config.rl.replay_demonstrations and config.rl.demonstrations is None:
+        settings["demonstrations"] = str(run / "demos.jsonl")
     return rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
                   backend=config.model.backend, vllm=config.model.vllm, report_to=config.report_to,
-                  curriculum=config.curriculum, skip_tasks=demonstrated, **_placement(config), **config.rl.model_dump())
+                  curriculum=config.curriculum, skip_tasks=demonstrated, **_placement(config), **settings)

@@ -24,6 +24,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat
 from trajlab.collection.engines import resolve_prompts, rollout_engine
 from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings, VLLMSettings
+from trajlab.data.store import read_trajectories
 from trajlab.env.mixture import EnvMixture
 from trajlab.errors import UserError, require
 from trajlab.inference.base import Generator
@@ -31,6 +32,7 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import Policy
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
+from trajlab.recipes.sft import without_drift
 from trajlab.rollout.runner import EpisodeRunner
 from trajlab.tracking import require_trackers
 from trajlab.train.curriculum import Curriculum, build_stages
@@ -165,7 +167,8 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
                         runners=runners, greedy_runner=greedy, sampler=sampler, behaviour=behaviour,
                         off_policy=not in_process or settings.max_staleness > 0, tokenizer=tokenizer,
                         chat_template=template, parser=get_parser(rollout.parser, tokenizer), processor=processor,
-                        rollouts_on_main=bool(rollout.workers))
+                        rollouts_on_main=bool(rollout.workers),
+                        demonstrations=_demonstrations(settings, rollout, tokenizer, processor))
 
 
 def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dtype: str, where: torch.device,
@@ -200,6 +203,24 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
             reference.to(accelerator.device)
     return PolicyUpdate(policy, reference, optimizer, scheduler, accelerator, settings, _token_budget(curriculum),
                         tokenizer.pad_token_id or 0, processor)
+
+
+def _demonstrations(settings: RLSettings, rollout: RolloutSettings, tokenizer: Any, processor: Any) -> list[Any]:
+    """The drift-checked demonstrations ``replay_demonstrations`` draws from (none without replay).
+
+    Raises:
+        UserError: replay without ``demonstrations``, or a file that cannot be read.
+    """
+    if not settings.replay_demonstrations:
+        return []
+    if settings.demonstrations is None:
+        raise UserError("rl.replay_demonstrations needs rl.demonstrations: a trajectory file with token ids, such as "
+                        "trajlab collect's --out (trajlab run uses its own demos.jsonl).")
+    try:
+        logged = list(read_trajectories(settings.demonstrations))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"rl.demonstrations: cannot read {settings.demonstrations}: {exc}") from exc
+    return without_drift(logged, tokenizer, parser=rollout.parser, max_drift=settings.max_drift, processor=processor)
 
 
 def _check_sharding(settings: RLSettings, placed: ModelSettings, in_process: bool, processes: int) -> None:

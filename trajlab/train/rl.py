@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from trajlab.train.checkpoints import MetricsLog, load_checkpoint, save_checkpoi
 from trajlab.train.curriculum import Curriculum, Promotion, heldout_success
 from trajlab.train.feed import RolloutFeed, StepRollouts
 from trajlab.train.publish import publish, synced_sampler
+from trajlab.train.replay import DemonstrationReplay, with_trainer_logprobs
 from trajlab.train.sharding import is_sharded
 from trajlab.train.step_metrics import namespaced, record_rollouts, staleness_metrics, step_metrics
 from trajlab.train.update import PolicyUpdate
@@ -91,6 +92,8 @@ class RLComponents:
     parser: ToolCallParser
     processor: Any = None
     rollouts_on_main: bool = False
+    demonstrations: list[Trajectory] = field(default_factory=list)
+    """The logged demonstrations ``replay_demonstrations`` draws from, drift-checked."""
 
 
 def train_rl(parts: RLComponents, settings: RLSettings, rollout: RolloutSettings, out_dir: Path, *, seed: int,
@@ -130,6 +133,8 @@ class _Loop:
         self.parts, self.settings, self.rollout, self.out_dir, self.seed = parts, settings, rollout, out_dir, seed
         out_dir.mkdir(parents=True, exist_ok=True)
         self.rewards = RewardSet(settings.rewards)  # built once: a judge keeps its cache and connections
+        self.replay = (DemonstrationReplay(parts.demonstrations, self.rewards, settings, seed)
+                       if settings.replay_demonstrations else None)
         self.correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto"
                                                                 and parts.off_policy)
         self.plans: dict[int, list[list[Episode]]] = {}
@@ -234,6 +239,12 @@ class _Loop:
                 samples.append(sample)
                 advantages.append(advantage)
                 owners.append(i)
+        replayed: dict[str, float] = {}
+        if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
+            demonstrations, demonstration_advantages = self.replay.draw(step)
+            samples += with_trainer_logprobs(demonstrations, parts.update)
+            advantages += demonstration_advantages
+            replayed = self.replay.metrics(demonstration_advantages)
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
             update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
                                                     shuffle_seed=self.seed * 1_000_003 + step)
@@ -248,9 +259,9 @@ class _Loop:
         if self.store is not None:
             record_rollouts(self.store, step, trajectories, rewards, token_advantages, set(kept),
                             {owners[j]: lps for j, lps in trainer_logprobs.items()
-                             if trajectories[owners[j]].branches is None})
+                             if j < len(owners) and trajectories[owners[j]].branches is None})
         record = step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
-        record |= group_stats | update | staleness_metrics(staleness, settings.max_staleness)
+        record |= group_stats | update | replayed | staleness_metrics(staleness, settings.max_staleness)
         record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
                    "drift_check_s": drift_check_s, "lr": learning_rate, "processes": parts.accelerator.num_processes,
                    "rollout_wait_s": waited_s, "overlap_s": overlap_s}

@@ -26,7 +26,8 @@ METRIC_NAMES = {
 }
 """An RL step's metrics by their names in ``metrics.jsonl`` and the trackers (docs/metrics.md)."""
 METRIC_PREFIXES = {"reward/": "reward/", "judge/": "judge/", "mismatch/": "mismatch/",
-                   "staleness/": "rollout/staleness/", "per_env/": "rollout/per_env/", "curriculum/": "curriculum/"}
+                   "staleness/": "rollout/staleness/", "per_env/": "rollout/per_env/", "curriculum/": "curriculum/",
+                   "replay/": "replay/"}
 
 
 def namespaced(record: dict[str, float]) -> dict[str, float]:
