@@ -55,6 +55,16 @@ def test_successes_get_positive_advantages_failures_negative_and_draws_repeat(de
                for logged_t in logged if logged_t.id == t.id), "draws are copies: the log is never changed"
 
 
+def test_without_below_baseline_replay_only_better_turns_carry_weight(demonstrations):
+    """Self-imitation: a failed turn's negative advantage is dropped, a successful turn's kept as it was."""
+    logged = list(read_trajectories(demonstrations))
+    both = DemonstrationReplay(logged, RewardSet({"env": 1.0}), RLSettings(replay_demonstrations=2, credit="turn"), 0)
+    above = DemonstrationReplay(logged, RewardSet({"env": 1.0}), RLSettings(
+        replay_demonstrations=2, credit="turn", replay_below_baseline=False), 0)
+    assert any(a < 0 for row in both.advantages for a in row)
+    assert [[max(a, 0.0) for a in row] for row in both.advantages] == above.advantages
+
+
 def test_errored_demonstrations_are_left_out_and_two_are_needed(demonstrations):
     logged = list(read_trajectories(demonstrations))
     broken = logged[0].model_copy(update={"status": "error", "id": "broken"})

@@ -300,6 +300,9 @@ class RLSettings(TrainingSettings):
     """Logged demonstrations trained beside each step's rollouts (``trajlab.train.replay``), each weighted by its
     reward against the whole log's rewards (one group of all of them, ``estimator`` and ``credit`` as for rollouts): a
     failed one is pushed down, a successful one pulled up. 0: none. They come from ``demonstrations``."""
+    replay_below_baseline: bool = True
+    """Replayed demonstrations whose advantage is negative (failed turns) are pushed down (True), or left out, so only
+    the log's better-than-average turns are trained on (False: self-imitation learning)."""
     demonstrations: str | None = None
     """The trajectory file ``replay_demonstrations`` draws from, its episodes' token ids kept (``trajlab collect``
     writes such files). None: under ``trajlab run``, the run's ``demos.jsonl``; elsewhere required for replay."""
