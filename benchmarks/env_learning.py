@@ -2,6 +2,7 @@
 
     python benchmarks/env_learning.py               # the six configs below, seeds 0 1 2: about 5 h on 2 cores
     python benchmarks/env_learning.py --configs examples/inventory/config.yaml --seeds 0 1 2   # an env of your own
+    python benchmarks/env_learning.py --noisy --runs-dir runs/noisy   # issue 45's three envs with noisy demonstrations
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
     python benchmarks/env_learning.py --configs configs/arithmetic-noisy.yaml --runs-dir runs/recipe-b \\
@@ -30,6 +31,9 @@ from _seeds import run_seed, sign_test, spread, task_changes
 
 CONFIGS = [Path("configs/quickstart.yaml"), Path("configs/guess.yaml"), Path("configs/guess-impatient.yaml"),
            Path("configs/driving.yaml"), Path("configs/driving-noisy.yaml"), Path("configs/driving-overconfident.yaml")]
+NOISY = [Path("configs/arithmetic-noisy.yaml"), Path("examples/inventory/config-noisy.yaml"),
+         Path("configs/guess-noisy.yaml")]
+"""Issue 45's envs: generic imperfect demonstrations (``collect.reference_noise: 0.3``), failures included."""
 
 
 def table(name: str, per_seed: dict[int, dict]) -> None:
@@ -78,6 +82,7 @@ def reuse_sft(source: Path, run_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", type=Path, nargs="+", default=CONFIGS)
+    parser.add_argument("--noisy", action="store_true", help="issue 45's noisy configs instead of --configs")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/env-learning"))
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -87,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
 
     results = {}
-    for config in args.configs:
+    for config in NOISY if args.noisy else args.configs:
         # examples/inventory/config.yaml -> inventory, examples/inventory/config-noisy.yaml -> inventory-noisy
         name = config.stem.replace("config", config.parent.name, 1) if config.stem.startswith("config") else config.stem
         per_seed = {}
