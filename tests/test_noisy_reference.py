@@ -19,7 +19,7 @@ from trajlab.env.registry import load_env
 from trajlab.errors import UserError
 from trajlab.models.loading import load_tokenizer
 from trajlab.models.tiny import ensure_default_model
-from trajlab.recipes.sft import without_drift
+from trajlab.rollout.drift import without_drift
 
 TOOLS = [
     {"type": "function", "function": {"name": "move", "parameters": {"type": "object", "properties": {

@@ -135,7 +135,7 @@ def test_sft_refuses_drifted_demonstrations_before_training(flaky, tiny_model_di
     import trajlab
     from trajlab.cli import app
     from trajlab.data.store import TrajectoryStore
-    from trajlab.recipes.sft import without_drift
+    from trajlab.rollout.drift import without_drift
 
     observation = flaky.tokens.loss_mask.index(0) + len(flaky.tokens.prompt_ids)
     demos = [flaky.model_copy(update={"id": f"ok{i}"}) for i in range(3)] + [

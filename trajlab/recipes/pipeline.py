@@ -32,8 +32,9 @@ from trajlab.recipes.collect import collect
 from trajlab.recipes.evaluate import evaluate
 from trajlab.recipes.evolve import evolve
 from trajlab.recipes.rl import rl
-from trajlab.recipes.sft import sft, without_drift
+from trajlab.recipes.sft import sft
 from trajlab.report import write_report
+from trajlab.rollout.drift import without_drift
 from trajlab.rollout.types import Trajectory
 from trajlab.train.curriculum import build_stages
 

@@ -32,7 +32,7 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.inference.policy import Policy
 from trajlab.recipes.arguments import EnvLike, as_env, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import frozen_copy, processor_of, tokenizer_of, trainable_model
-from trajlab.recipes.sft import without_drift
+from trajlab.rollout.drift import without_drift
 from trajlab.rollout.runner import EpisodeRunner
 from trajlab.tracking import require_trackers
 from trajlab.train.curriculum import Curriculum, build_stages

@@ -3,7 +3,6 @@ into an SFT dataset, then TRL's SFTTrainer on the model's own tokens (:func:`tra
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,19 +10,15 @@ from typing import Any
 import datasets
 from transformers import PreTrainedModel
 
-from trajlab.chat.parsers import get_parser
-from trajlab.chat.template import resolve_chat_template
 from trajlab.config import DatasetSettings, RolloutSettings, SFTSettings
 from trajlab.data.datasets import sft_dataset
 from trajlab.recipes.arguments import Progress, given_or_default, model_settings, run_seed, settings_of
 from trajlab.recipes.loading import processor_of, tokenizer_of, trainable_model
-from trajlab.rollout.drift import check_token_drift
+from trajlab.rollout.drift import without_drift
 from trajlab.rollout.types import Trajectory
 from trajlab.tracking import require_trackers
 from trajlab.train.placement import training_device
 from trajlab.train.sft import train_sft
-
-logger = logging.getLogger(__name__)
 
 
 def sft(
@@ -75,20 +70,3 @@ def sft(
     return train_sft(trainable_model(model, device=where, dtype=placed.dtype), tokenizer, data, Path(out), chosen,
                      seed=run_seed(seed), resume=resume, device=where, report_to=report_to, on_progress=on_progress,
                      processor=processor)
-
-
-def without_drift(
-    trajectories: Iterable[Trajectory], tokenizer: Any, *, parser: str, max_drift: float, processor: Any,
-) -> list[Trajectory]:
-    """The trajectories whose tokens are the chat template's rendering of their messages, turn by turn (see
-    ``trajlab.rollout.drift``), under ``tokenizer``'s training template; the others are dropped and counted in the
-    log. Trajectories with images need the vision-language model's ``processor`` to render them.
-
-    Raises:
-        TokenDriftError: more than ``max_drift`` of them drifted (0: any).
-    """
-    kept, drifts = check_token_drift(trajectories, tokenizer, resolve_chat_template(tokenizer),
-                                     get_parser(parser, tokenizer), max_drift=max_drift, processor=processor)
-    if drifts:
-        logger.warning("Token drift: %d trajectories dropped, first %s", len(drifts), drifts[0].describe())
-    return kept

@@ -6,7 +6,8 @@ them; each observation is the template's delta for the messages that followed. T
 longer match its messages (another tokenizer or template at training time, a template that rewrites history, a
 record edited or corrupted on disk) trains on tokens the model will never see at inference: the bug class peers'
 issue trackers keep reopening. ``find_drift`` replays that construction and names the first turn that differs;
-``check_token_drift`` runs it over a batch and stops the run above a threshold.
+``check_token_drift`` runs it over a batch and stops the run above a threshold; ``without_drift`` does so under a
+tokenizer's training template (SFT's data, RL's replayed demonstrations).
 
 Records exported from the recording server (``metrics["template_match"]`` present) hold the client's messages,
 which the server's parser did not write, so for them the whole conversation is compared as text: the decoded ids
@@ -16,6 +17,7 @@ must equal the template's rendering of the messages.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -23,12 +25,14 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from trajlab.chat.context import TemplateContext
-from trajlab.chat.parsers import ToolCallParser
-from trajlab.chat.template import ChatTemplate
+from trajlab.chat.parsers import ToolCallParser, get_parser
+from trajlab.chat.template import ChatTemplate, resolve_chat_template
 from trajlab.chat.utf8 import shown_text
 from trajlab.errors import UserError
 from trajlab.rollout.engine import assistant_message
 from trajlab.rollout.types import Trajectory
+
+logger = logging.getLogger(__name__)
 
 Segment = Literal["prompt", "model", "observation", "conversation"]
 EXCERPT = 40
@@ -285,3 +289,20 @@ def _text_drift(trajectory_id: str, turn: int, segment: Segment, tokenizer: PreT
             low = middle + 1
     return Drift(trajectory_id, turn, segment, min(low, len(ids) - 1), rendered[at : at + EXCERPT],
                  decoded[at : at + EXCERPT])
+
+
+def without_drift(
+    trajectories: Iterable[Trajectory], tokenizer: Any, *, parser: str, max_drift: float, processor: Any,
+) -> list[Trajectory]:
+    """The trajectories whose tokens are the chat template's rendering of their messages, turn by turn (see
+    ``trajlab.rollout.drift``), under ``tokenizer``'s training template; the others are dropped and counted in the
+    log. Trajectories with images need the vision-language model's ``processor`` to render them.
+
+    Raises:
+        TokenDriftError: more than ``max_drift`` of them drifted (0: any).
+    """
+    kept, drifts = check_token_drift(trajectories, tokenizer, resolve_chat_template(tokenizer),
+                                     get_parser(parser, tokenizer), max_drift=max_drift, processor=processor)
+    if drifts:
+        logger.warning("Token drift: %d trajectories dropped, first %s", len(drifts), drifts[0].describe())
+    return kept
