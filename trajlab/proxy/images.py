@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 import re
+from collections.abc import Callable
 from typing import Any
 
 from trajlab.errors import require
@@ -33,15 +34,7 @@ def inline_images(messages: list[Any]) -> tuple[list[Any], dict[str, bytes]]:
         APIError: 400 for an image that is not an inline base64 data URL, does not decode, or is too large.
     """
     images: dict[str, bytes] = {}
-    out = []
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(_is_image_url(part) for part in content):
-            parts = [_inlined(part, f"messages[{i}].content[{j}]", images) if _is_image_url(part) else part
-                     for j, part in enumerate(content)]
-            message = {**message, "content": parts}
-        out.append(message)
-    return out, images
+    return _with_image_parts(messages, lambda part, where: _inlined(part, where, images)), images
 
 
 def has_image_parts(messages: list[Any]) -> bool:
@@ -54,11 +47,18 @@ def without_image_data(messages: list[Any]) -> list[Any]:
     """``messages`` with each ``image_url`` part's URL replaced by a line saying what it held (its first 30
     characters and its length): the record of a call refused before its images were decoded, which keeps no bytes,
     as no model saw them."""
+    return _with_image_parts(messages, lambda part, where: _described(part))
+
+
+def _with_image_parts(messages: list[Any], replaced: Callable[[dict[str, Any], str], dict[str, Any]]) -> list[Any]:
+    """``messages`` with each ``image_url`` part replaced by ``replaced(part, where)``; a message is copied only
+    where it changes, never changed in place."""
     out = []
-    for message in messages:
+    for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            message = {**message, "content": [_described(part) if _is_image_url(part) else part for part in content]}
+        if isinstance(content, list) and any(_is_image_url(part) for part in content):
+            message = {**message, "content": [replaced(part, f"messages[{i}].content[{j}]") if _is_image_url(part)
+                                              else part for j, part in enumerate(content)]}
         out.append(message)
     return out
 
