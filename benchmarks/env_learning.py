@@ -32,8 +32,10 @@ from _seeds import run_seed, sign_test, spread, task_changes
 CONFIGS = [Path("configs/quickstart.yaml"), Path("configs/guess.yaml"), Path("configs/guess-impatient.yaml"),
            Path("configs/driving.yaml"), Path("configs/driving-noisy.yaml"), Path("configs/driving-overconfident.yaml")]
 NOISY = [Path("configs/arithmetic-noisy.yaml"), Path("examples/inventory/config-noisy.yaml"),
-         Path("configs/guess-noisy.yaml")]
-"""Issue 45's envs: generic imperfect demonstrations (``collect.reference_noise: 0.3``), failures included."""
+         Path("configs/driving-noisy-failures.yaml")]
+"""Issue 45's envs: generic imperfect demonstrations (``collect.reference_noise: 0.3``), failures included. Not
+``configs/guess-noisy.yaml``: guess's held-out gap is generalization to intervals no train task reaches, which RL on
+train tasks cannot see (BENCHMARKS.md)."""
 
 
 def table(name: str, per_seed: dict[int, dict]) -> None:
@@ -52,7 +54,8 @@ def table(name: str, per_seed: dict[int, dict]) -> None:
             fixed, broken = task_changes(sft, rl)
             gap = (rl["success_rate"] - sft["success_rate"]) / max(1 - sft["success_rate"], 1e-9)
             timed = per_seed[seed]["stage_seconds"]
-            wall = timed["rl-0"] / timed["sft-0"] if {"rl-0", "sft-0"} <= timed.keys() else float("nan")
+            # a reused SFT model whose run was still going when copied has no SFT time (0): the ratio is then unknown
+            wall = timed["rl-0"] / timed["sft-0"] if timed.get("rl-0") and timed.get("sft-0") else float("nan")
             print(f"seed {seed}: RL {rl['success_rate'] - sft['success_rate']:+.3f} over SFT ({gap:.2f} of SFT's gap "
                   f"closed); solved {fixed} held-out tasks SFT failed, failed {broken} SFT solved; sign test "
                   f"p = {sign_test(fixed, broken):.2g}; RL's wall time {wall:.2f}x SFT's")
@@ -105,15 +108,15 @@ def main() -> None:
             per_seed[seed] = {"seconds": seconds, "stage_seconds": timed, "stages": {r["label"]: r for r in reports}}
         results[name] = per_seed
 
-    for name, per_seed in results.items():
-        table(name, per_seed)
     summary = {name: {str(seed): {"seconds": run["seconds"], "stage_seconds": run["stage_seconds"],
                                   "success_rate": {k: r["success_rate"] for k, r in run["stages"].items()},
                                   "mean_reward": {k: r["mean_reward"] for k, r in run["stages"].items()}}
                       for seed, run in per_seed.items()}
                for name, per_seed in results.items()}
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    (args.runs_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (args.runs_dir / "summary.json").write_text(json.dumps(summary, indent=2))  # kept before printing: runs take hours
+    for name, per_seed in results.items():
+        table(name, per_seed)
 
 
 if __name__ == "__main__":
