@@ -65,6 +65,22 @@ def test_without_below_baseline_replay_only_better_turns_carry_weight(demonstrat
     assert [[max(a, 0.0) for a in row] for row in both.advantages] == above.advantages
 
 
+def test_sign_weighting_gives_every_better_turn_a_rollouts_full_weight(demonstrations):
+    """A log that mostly succeeds puts its successes barely above its average; weighted by sign, each better turn
+    weighs 1 however small its advantage, each worse one -1 (0 without below-baseline), an unscored token 0."""
+    logged = list(read_trajectories(demonstrations))
+    scaled = DemonstrationReplay(logged, RewardSet({"env": 1.0}), RLSettings(replay_demonstrations=2, credit="turn"), 0)
+    signs = DemonstrationReplay(logged, RewardSet({"env": 1.0}), RLSettings(
+        replay_demonstrations=2, credit="turn", replay_weighting="sign"), 0)
+    above = DemonstrationReplay(logged, RewardSet({"env": 1.0}), RLSettings(
+        replay_demonstrations=2, credit="turn", replay_weighting="sign", replay_below_baseline=False), 0)
+    assert any(0 < abs(a) != 1 for row in scaled.advantages for a in row), "the log's advantages vary in size"
+    for scaled_row, sign_row, above_row in zip(scaled.advantages, signs.advantages, above.advantages, strict=True):
+        assert sign_row == [1.0 if a > 0 else -1.0 if a < 0 else 0.0 for a in scaled_row]
+        assert above_row == [max(a, 0.0) for a in sign_row]
+    assert {a for row in above.advantages for a in row} == {0.0, 1.0}
+
+
 def test_errored_demonstrations_are_left_out_and_two_are_needed(demonstrations):
     logged = list(read_trajectories(demonstrations))
     broken = logged[0].model_copy(update={"status": "error", "id": "broken"})

@@ -303,6 +303,10 @@ class RLSettings(TrainingSettings):
     replay_below_baseline: bool = True
     """Replayed demonstrations whose advantage is negative (failed turns) are pushed down (True), or left out, so only
     the log's better-than-average turns are trained on (False: self-imitation learning)."""
+    replay_weighting: Literal["advantage", "sign"] = "advantage"
+    """A replayed turn's weight: its advantage against the log, or the advantage's sign alone (+1 or -1, so a log
+    that mostly succeeds, whose successes sit barely above its average, pulls its better turns as hard as a
+    rollout's advantage does: rejection-sampling fine-tuning beside the rollouts, as ReST and RAFT weigh them)."""
     demonstrations: str | None = None
     """The trajectory file ``replay_demonstrations`` draws from, its episodes' token ids kept (``trajlab collect``
     writes such files). None: under ``trajlab run``, the run's ``demos.jsonl``; elsewhere required for replay."""

@@ -39,8 +39,8 @@ class DemonstrationReplay:
         demonstrations: the logged episodes (their token ids kept; drift-checked by the caller). Errored ones, whose
             reward says nothing of their actions, are left out.
         rewards: the run's rewards, applied to the demonstrations as to rollouts.
-        settings: ``replay_demonstrations`` (how many a step), ``replay_below_baseline``, ``estimator`` and
-            ``credit``.
+        settings: ``replay_demonstrations`` (how many a step), ``replay_weighting``, ``replay_below_baseline``,
+            ``estimator`` and ``credit``.
         seed: which demonstrations each step draws (the same on every process and on resume).
 
     Raises:
@@ -56,6 +56,8 @@ class DemonstrationReplay:
                              f"{len(usable)} of the {len(demonstrations)} given have them")
         scores = rewards.score(usable)
         self.advantages, _ = step_advantages(usable, scores.totals, settings, turn_rewards=scores.turns)
+        if settings.replay_weighting == "sign":
+            self.advantages = [[float((a > 0) - (a < 0)) for a in row] for row in self.advantages]
         if not settings.replay_below_baseline:  # self-imitation: only what did better than the log's average
             self.advantages = [[max(a, 0.0) for a in row] for row in self.advantages]
         self.demonstrations, self.rewards = usable, scores.totals
