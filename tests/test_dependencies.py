@@ -128,6 +128,17 @@ def test_core_modules_import_without_the_extras():
     assert result.stdout.strip() == "[]"
 
 
+def test_the_cli_starts_without_the_heavy_libraries():
+    """torch, transformers, datasets and openai (4 s of imports on a laptop CPU) load where a command uses them, so
+    `trajlab --help`, a usage error or `config show` starts in well under a second."""
+    heavy = ["torch", "transformers", "datasets", "openai"]
+    result = subprocess.run([sys.executable, "-c", f"import sys\nimport trajlab.cli\n"
+                             f"print(sorted(n for n in {heavy!r} if n in sys.modules))"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 def _cli_without(args: list[str], hidden: list[str] = OPTIONAL) -> subprocess.CompletedProcess:
     return _run_without(f"from trajlab.cli import app\nsys.argv = ['trajlab', *{args!r}]\napp()", hidden)
 

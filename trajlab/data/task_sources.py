@@ -16,14 +16,13 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
-from datasets.exceptions import DatasetNotFoundError
-
-from trajlab.data.datasets import RL_COLUMNS
 from trajlab.env.mixture import ENV_COLUMN, EnvMixture
 from trajlab.env.registry import EnvSpec
+
+if TYPE_CHECKING:  # imported where used: every command reads the config, which imports this module
+    import datasets
 
 TaskSplits = dict[str, list[tuple[str, dict[str, Any]]]]
 """trajlab split name (``train``, ``test``, ...) -> its task rows in the dataset's order, each with where it is in
@@ -54,6 +53,8 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
         ValueError: a name the cache does not hold, a column or split the dataset lacks (the message lists those it
             has), a ``test_fraction`` for a dataset that already has several splits, or an empty split.
     """
+    from trajlab.data.datasets import RL_COLUMNS  # imports datasets, as loading does anyway
+
     where = _describe(source)
     try:
         loaded = _load(source, subset)
@@ -86,6 +87,8 @@ def load_task_splits(source: str | Mapping[str, str], *, subset: str | None, col
 def _mapped(loaded: datasets.DatasetDict, columns: Mapping[str, str], keep: Sequence[str] | None,
             where: str) -> datasets.DatasetDict:
     """Every split with its columns renamed and cut, and each row's place in the source added (``ROW_COLUMN``)."""
+    import datasets
+
     names = loaded[next(iter(loaded))].column_names
     for column in [*columns, *(keep or [])]:
         if column not in names:
@@ -115,6 +118,8 @@ def _describe(source: str | Mapping[str, str]) -> str:
 
 def _load(source: str | Mapping[str, str], subset: str | None) -> datasets.DatasetDict:
     """Every split of ``source``, loaded by ``datasets``."""
+    import datasets
+
     if not isinstance(source, str):
         paths = {split: Path(file) for split, file in source.items()}
         for path in paths.values():
@@ -150,6 +155,9 @@ def _builder(path: Path) -> str:
 
 def _load_named(name: str, subset: str | None) -> datasets.DatasetDict:
     """A dataset by Hugging Face name: from the Hub where the network allows, else from the local cache."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
     try:
         loaded = datasets.load_dataset(name, subset)
     except (DatasetNotFoundError, ConnectionError, FileNotFoundError, ValueError) as exc:

@@ -25,7 +25,6 @@ from types import FunctionType, MethodType
 from typing import Any
 
 import pydantic
-from transformers.utils import get_json_schema
 
 from trajlab.env.content import Content
 
@@ -234,6 +233,8 @@ def tool_schema(env_cls: type, name: str) -> dict[str, Any]:
     Raises:
         TypeError: the tool lacks type hints or a docstring entry; the message names the tool and what to add.
     """
+    from transformers.utils import get_json_schema  # here: importing transformers takes a second
+
     given = getattr(env_cls, "_tool_schemas", None)
     if given is not None and name in given:
         return given[name]

@@ -7,8 +7,10 @@ import functools
 import logging
 import platform
 import sys
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: the config reads AUTO, and every command reads the config
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,8 @@ def resolve_device(name: str | torch.device = AUTO) -> torch.device:
     Raises:
         ValueError: not a device trajlab runs on, or a GPU that torch does not see.
     """
+    import torch
+
     if isinstance(name, torch.device):
         return name
     if name == AUTO:
@@ -51,6 +55,8 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device, saved: torch.dt
     Raises:
         ValueError: an unknown dtype, or bfloat16 on a GPU that does not support it.
     """
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
@@ -76,6 +82,8 @@ def cpu_has_bfloat16_units() -> bool:
     Without them torch's CPU kernels convert every bfloat16 operand: on an AVX2 host one SFT step of the Llama-3.2-1B
     one-layer twin ran more than 20 minutes in bfloat16 and 33 s in float32.
     """
+    import torch
+
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return True
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -83,6 +91,8 @@ def cpu_has_bfloat16_units() -> bool:
 
 @functools.cache
 def _warn_emulated_bfloat16() -> None:
+    import torch
+
     logger.warning("model.dtype bfloat16 on a CPU without bfloat16 instructions (torch sees %s, no AVX512-BF16 or "
                    "AMX): its matmuls run converted, often 10x slower than float32. Use float32 (or auto) unless "
                    "memory forces bfloat16.", torch.backends.cpu.get_cpu_capability())

@@ -23,7 +23,6 @@ from transformers import (
     PreTrainedTokenizerBase,
     ProcessorMixin,
 )
-from trl.chat_template_utils import add_response_schema
 
 from trajlab.models.devices import AUTO, resolve_device, resolve_dtype
 from trajlab.models.hub import resolve_model_dir
@@ -58,6 +57,8 @@ def _complete_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokeniz
         if tokenizer.chat_template == TINY_CHAT_TEMPLATE:
             tokenizer.response_template = TINY_RESPONSE_TEMPLATE
         else:
+            from trl.chat_template_utils import add_response_schema  # trl brings datasets and pandas: a second
+
             with suppress(ValueError):  # unknown template: no parser, callers must bring their own
                 add_response_schema(tokenizer)
     if tokenizer.pad_token is None:

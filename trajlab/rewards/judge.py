@@ -24,13 +24,13 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
-
-import openai
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from trajlab.errors import InfrastructureError
-from trajlab.inference.openai_client import api_key_or_placeholder, split_policy_url
 from trajlab.rollout.types import Trajectory
+
+if TYPE_CHECKING:  # imported where used: every command reads the config, whose reward settings import this module
+    import openai
 
 T = TypeVar("T")
 DEFAULT_RUBRIC = ("Did the assistant accomplish the user's task correctly, using its tools sensibly? 1 for a "
@@ -127,6 +127,8 @@ class LLMJudge:
             raise ValueError("the judge needs max_retries >= 0, max_concurrency >= 1 and timeout_s > 0")
         if not rubric.strip():
             raise ValueError("the judge's rubric is empty: say what a good episode is")
+        from trajlab.inference.openai_client import split_policy_url  # with openai: only a judge needs it
+
         self.base_url, self.model = split_policy_url(url)
         self.rubric, self.api_key, self.max_retries, self.timeout_s = rubric, api_key, max_retries, timeout_s
         self.max_concurrency, self.temperature, self.max_tokens = max_concurrency, temperature, max_tokens
@@ -193,6 +195,8 @@ class LLMJudge:
         Raises:
             JudgeError: none after the retries.
         """
+        import openai
+
         problem = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -240,6 +244,10 @@ class LLMJudge:
         Raises:
             JudgeError: no model named and the server lists none (or cannot be reached).
         """
+        import openai
+
+        from trajlab.inference.openai_client import api_key_or_placeholder
+
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop, self._slots, self._asking = loop, asyncio.Semaphore(self.max_concurrency), {}
