@@ -103,7 +103,10 @@ def test_a_sharded_run_killed_and_resumed_ends_as_one_left_alone(terse_model_dir
     for left, again in zip(alone, resumed, strict=True):
         for key in ("reward/mean", "optim/trained_sequences", "optim/lr"):
             assert again[key] == left[key], key
-        assert again["loss/policy"] == pytest.approx(left["loss/policy"], rel=1e-5, abs=1e-7)
+        # The first pass's policy loss is a sum of order-1 terms that cancel (a group's advantages sum to 0): it is
+        # rounding, about 1e-7 either side of 0, so it is compared at the terms' rounding (1e-6), as in the test
+        # above; the gradient norm and the final weights are what tell a different update.
+        assert again["loss/policy"] == pytest.approx(left["loss/policy"], rel=1e-5, abs=1e-6)
         assert again["optim/grad_norm"] == pytest.approx(left["optim/grad_norm"], rel=1e-5)
     for mine, theirs in zip(load_model(killed / "final").parameters(),
                             load_model(tmp_path / "alone" / "final").parameters(), strict=True):
