@@ -11,7 +11,7 @@ from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model, load_tokenizer
-from trajlab.train.schedule import learning_rate_factor
+from trajlab.train.schedule import failed_share, learning_rate_factor
 
 
 def tiny_settings(**overrides):
@@ -153,3 +153,17 @@ def test_a_template_that_rewrites_history_trains_one_sample_per_turn(tiny_model_
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert record["rollout/drifted"] == 0
     assert record["optim/trained_sequences"] == sum(len(t.branches) for t in rollouts)
+
+def test_rate_by_failures_scales_each_steps_rate_by_its_failed_share(tiny_model_dir, tmp_path):
+    """The step's logged rate is the schedule's times the share of its rollouts that did not succeed (the untrained
+    model fails them all here, so the share is 1: the scaling itself is tested in tests/train/test_update.py)."""
+    settings, rollout = tiny_settings(steps=2, rate_by_failures=True)
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=load_tokenizer(tiny_model_dir),
+               rollout=rollout, **settings.model_dump())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rollouts = list(read_trajectories(tmp_path / "rollouts.jsonl"))
+    for done, record in enumerate(records):
+        step = [t for t in rollouts if t.metrics["rl/step"] == record["step"]]
+        share = failed_share(step)
+        assert record["optim/lr"] == pytest.approx(1e-4 * learning_rate_factor(done, settings) * share)
+    assert failed_share([]) == 1.0

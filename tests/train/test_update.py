@@ -71,3 +71,24 @@ def test_update_recomputes_the_trainers_logprobs_and_logs_the_mismatch(tiny_mode
         assert sorted(logprobs[True]) == sorted(logprobs[False]) == [0, 1], "recomputed only for what trains"
         # Without the correction the mismatch is still measured, on the rollouts trained before the first step.
         assert stats[False]["mismatch/abs_logprob"] == pytest.approx(delta.abs().mean().item(), abs=1e-5)
+
+
+def test_a_rate_scale_moves_the_weights_as_that_fraction_of_the_rate_and_does_not_stick(tiny_model_dir,
+                                                                                       tiny_tokenizer):
+    """Plain SGD moves the weights in proportion to the rate: a step scaled by 0.25 at rate 0.1 lands where an
+    unscaled step at 0.025 does, and the optimizer's rate is the scheduler's again after it (a scale never
+    compounds from one RL step to the next)."""
+    masks, advantages = [[1, 1, 1], [1, 1]], [[0.5] * 3, [-0.5] * 2]
+    settings, pad, moved = RLSettings(max_grad_norm=1e6), tiny_tokenizer.pad_token_id, []
+    start = torch.cat([p.detach().flatten() for p in load_model(tiny_model_dir).parameters()])
+    for rate, scale in ((0.1, 0.25), (0.025, 1.0)):
+        model = load_model(tiny_model_dir).train()
+        trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+        optimizer = torch.optim.SGD(model.parameters(), lr=rate)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16, pad)
+        update(trajectories, advantages, correct=False, shuffle_seed=0, rate_scale=scale)
+        assert optimizer.param_groups[0]["lr"] == rate
+        moved.append(torch.cat([p.detach().flatten() for p in model.parameters()]) - start)
+    assert moved[0].abs().max() > 1e-6
+    assert torch.allclose(moved[0], moved[1], rtol=1e-4, atol=1e-8)

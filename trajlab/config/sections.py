@@ -283,6 +283,10 @@ class RLSettings(TrainingSettings):
     lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
     """The rate after warm-up: held, or decayed to 0 over the run's optimizer steps (linear, cosine), so the final
     weights are not one noisy step of a full rate away from where training had got to."""
+    rate_by_failures: bool = False
+    """Each step's rate multiplied by the share of its trained rollouts that did not succeed: large steps while the
+    policy still fails the train tasks it draws, small ones once it mostly succeeds, so a model SFT already made
+    right is moved little and one SFT left wrong a lot (BENCHMARKS.md, issue 45)."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
     importance_sampling: Literal["auto", "on", "off"] = "auto"

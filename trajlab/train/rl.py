@@ -48,6 +48,7 @@ from trajlab.train.curriculum import Curriculum, Promotion, heldout_success
 from trajlab.train.feed import RolloutFeed, StepRollouts
 from trajlab.train.publish import publish, synced_sampler
 from trajlab.train.replay import DemonstrationReplay, with_trainer_logprobs
+from trajlab.train.schedule import failed_share
 from trajlab.train.sharding import is_sharded
 from trajlab.train.step_metrics import namespaced, record_rollouts, staleness_metrics, step_metrics
 from trajlab.train.update import PolicyUpdate
@@ -245,9 +246,10 @@ class _Loop:
             samples += with_trainer_logprobs(demonstrations, parts.update)
             advantages += demonstration_advantages
             replayed = self.replay.metrics(demonstration_advantages)
+        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
             update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
-                                                    shuffle_seed=self.seed * 1_000_003 + step)
+                                                    shuffle_seed=self.seed * 1_000_003 + step, rate_scale=rate_scale)
         ended = time.perf_counter()
         parts.model.eval()
         overlap_s = self.feed.timeline.overlap(started, ended, now=ended)
@@ -263,8 +265,8 @@ class _Loop:
         record = step_metrics(step, trajectories, rewards, made.ended - made.began, ended - started)
         record |= group_stats | update | replayed | staleness_metrics(staleness, settings.max_staleness)
         record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
-                   "drift_check_s": drift_check_s, "lr": learning_rate, "processes": parts.accelerator.num_processes,
-                   "rollout_wait_s": waited_s, "overlap_s": overlap_s}
+                   "drift_check_s": drift_check_s, "lr": learning_rate * rate_scale,
+                   "processes": parts.accelerator.num_processes, "rollout_wait_s": waited_s, "overlap_s": overlap_s}
         if hasattr(parts.sampler, "replaced"):  # rollout workers: how many died and were replaced
             record["workers_replaced"] = parts.sampler.replaced
         self.log(namespaced(record | (stage_metrics if parts.curriculum.staged else {})))

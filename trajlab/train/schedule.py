@@ -1,14 +1,17 @@
 """RL's learning rate over its optimizer steps: a warm-up that starts above 0, then held or decayed to 0 at the
-run's last planned optimizer step (``rl.lr_scheduler``)."""
+run's last planned optimizer step (``rl.lr_scheduler``), each step's optionally scaled by its rollouts' failures
+(``rl.rate_by_failures``)."""
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import torch
 
 from trajlab.config import RLSettings
+from trajlab.rollout.types import Trajectory
 
 
 def learning_rate_factor(done: int, settings: RLSettings) -> float:
@@ -28,3 +31,11 @@ def learning_rate_factor(done: int, settings: RLSettings) -> float:
 def rl_scheduler(optimizer: torch.optim.Optimizer, settings: RLSettings) -> torch.optim.lr_scheduler.LambdaLR:
     """The scheduler stepping ``optimizer``'s rate by :func:`learning_rate_factor`, once per optimizer step."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(learning_rate_factor, settings=settings))
+
+
+def failed_share(trajectories: Sequence[Trajectory]) -> float:
+    """The share of ``trajectories`` that did not succeed: the step's rate multiplier under ``rl.rate_by_failures``
+    (1 for no trajectories, which train nothing)."""
+    if not trajectories:
+        return 1.0
+    return sum(t.status != "success" for t in trajectories) / len(trajectories)

@@ -52,7 +52,7 @@ class PolicyUpdate:
     processor: Any = None
 
     def __call__(self, trajectories: list[Trajectory], token_advantages: list[list[float]], *, correct: bool,
-                 shuffle_seed: int) -> tuple[dict[str, float], dict[int, list[float]]]:
+                 shuffle_seed: int, rate_scale: float = 1.0) -> tuple[dict[str, float], dict[int, list[float]]]:
         """The step's optimizer steps; returns its loss statistics with the sampler-trainer mismatch
         (``mismatch/...``), and the trainer's logprobs of each rollout's completion tokens (by index) as they were
         before the first optimizer step, for the rollouts this process computed them for.
@@ -60,7 +60,8 @@ class PolicyUpdate:
         ``correct``: the sampler was not this model's own forward pass, so the trainer's logprobs are recomputed first
         for every rollout that trains (the "old" policy of the clipped ratio) and each token's loss is weighted by the
         truncated importance weight. Without it the mismatch is measured on the passes before the first optimizer
-        step; either way on the rollouts that train. ``shuffle_seed`` orders the minibatches.
+        step; either way on the rollouts that train. ``shuffle_seed`` orders the minibatches; ``rate_scale``
+        multiplies the scheduled rate of this step's optimizer steps.
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:
@@ -91,7 +92,7 @@ class PolicyUpdate:
                 for key in totals:
                     totals[key] += stats[key]
                 passes += 1
-            grad_norm += self._optimizer_step()
+            grad_norm += self._optimizer_step(rate_scale)
             steps += 1
         totals, passes, mismatch = self._summed(totals, passes, mismatch)
         # Micro-batch losses add up to their minibatch's loss; the other statistics are averages over passes.
@@ -131,12 +132,15 @@ class PolicyUpdate:
             return packed_batch(rows, advantages, self.accelerator.device, trainer_logprobs)
         return padded_batch(rows, advantages, self.pad_id, self.accelerator.device, trainer_logprobs)
 
-    def _optimizer_step(self) -> float:
-        """Clip, step, schedule; returns the gradient norm before clipping."""
+    def _optimizer_step(self, rate_scale: float) -> float:
+        """Clip, step at the scheduled rate times ``rate_scale``, schedule; returns the gradient norm before
+        clipping."""
         if is_sharded(self.policy):
             grad_norm = sharded_grad_norm(self.policy, self.settings.max_grad_norm)
         else:
             grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm))
+        for group, rate in zip(self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True):
+            group["lr"] = rate * rate_scale  # the scheduler's next step sets the unscaled rate again
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad()
