@@ -12,6 +12,18 @@ from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.models.tiny import init_tiny_model
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The heaviest tests first, by their ``slow(seconds)`` marks: pytest-xdist's worksteal hands each worker a
+    contiguous share of this order and an idle worker steals from the back of the other's queue, so heavy tests
+    started first leave short ones for the end and the two workers finish together (the twins and the GPU smoke run
+    last in file order, where one worker ran them for minutes after the other had finished)."""
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return mark.args[0] if mark is not None and mark.args else 0.0
+
+    items.sort(key=seconds, reverse=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)

@@ -89,7 +89,7 @@ def test_model_init_arch_writes_a_normal_hf_directory(tmp_path):
     assert model.generate(**prompt, max_new_tokens=2, do_sample=False).shape[1] == prompt["input_ids"].shape[1] + 2
 
 
-@pytest.mark.slow
+@pytest.mark.slow(42)
 def test_collect_sft_rl_eval_on_a_one_layer_qwen3_twin(tmp_path):
     """The quickstart's stages with the real Qwen3 tokenizer, template and widths: demonstrations collected in
     Qwen3's tokens, SFT, RL and a greedy evaluation all run. In bfloat16 where the CPU computes it (on an AVX2 host

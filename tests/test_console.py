@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 CONFIG = """run_dir: {run_dir}
 env: arithmetic
 stages: [eval, collect, sft, rl]
@@ -31,6 +33,7 @@ def trajlab_run(tmp_path, *flags: str) -> list[str]:
     return (result.stdout + result.stderr).splitlines()
 
 
+@pytest.mark.slow(28)
 def test_a_run_logged_to_a_file_shows_every_stage_one_line_per_record(tmp_path):
     lines = trajlab_run(tmp_path)
     loose = [line for line in lines if not STAMP.match(line) and not TABLE.match(line) and line.strip()

@@ -26,6 +26,7 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow(72)
 def test_run_sh_trains_the_mcp_tools_with_the_judge_reward(tmp_path):
     run = tmp_path / "run"
     sets = [item for setting in TINY for item in ("--set", setting)]

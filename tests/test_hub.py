@@ -73,7 +73,7 @@ def test_a_failed_download_is_said(tmp_path, monkeypatch):
         resolve_model_dir("trajlab-test/no-such-model-for-issue-40")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(31)
 def test_eval_and_sft_by_name_from_the_cache(tiny_model_dir, tmp_path):
     """The command line with the standard variables: HF_HUB_CACHE holds the model, HF_HUB_OFFLINE keeps the network
     off; the policy and the model to train are given by name."""

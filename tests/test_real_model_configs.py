@@ -52,8 +52,8 @@ def scratch(tmp_path):
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.slow(250)
 def test_shipped_config_runs_on_its_one_layer_twin(name, scratch):
     config = ROOT / "configs" / name
     shipped = yaml.safe_load(config.read_text())

@@ -51,6 +51,7 @@ def test_the_overconfident_driver_stops_too_late_only_where_a_lane_change_would_
     assert sum(mine for mine, _ in braked_instead) < sum(theirs for _, theirs in braked_instead)
 
 
+@pytest.mark.slow(29)
 def test_the_sign_slip_drops_the_minus_of_a_negative_product_on_three_tasks_in_four(tmp_path, tokenizer):
     own = trajlab.collect("arithmetic", "oracle", out=tmp_path / "own.jsonl", episodes=600, tokenizer=tokenizer)
     flawed = trajlab.collect("arithmetic", "oracle", out=tmp_path / "flawed.jsonl", episodes=600,

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(19)
 def test_serve_rss_runs_a_small_hostile_mix_and_prints_its_table():
     kinds = "huge_body,many_messages,bad_json,bad_http,vanish,stream"
     result = subprocess.run(

@@ -343,7 +343,7 @@ def test_sft_images_travel_inside_the_dataset_in_placeholder_order(tmp_path):
 # --- TRL ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.slow(7)
 def test_trl_sft_trainer_trains_on_assistant_masks(real, tiny_model_dir, tiny_tokenizer, tmp_path):
     ds = load_saved_dataset(save_dataset(sft_dataset(real, include_failures=False, shortest_per_task=False),
                                          tmp_path / "sft.parquet"))

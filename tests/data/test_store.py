@@ -59,6 +59,7 @@ def test_one_writer_at_a_time(tmp_path):
         pass
 
 
+@pytest.mark.slow(25)
 def test_kill_9_mid_collection_then_resume(tmp_path, tiny_model_dir):
     """A real SIGKILL of a collecting process loses only episodes in flight; the same command completes the file."""
     out = tmp_path / "demos.jsonl"
@@ -89,6 +90,7 @@ def test_kill_9_mid_collection_then_resume(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts a small tmpfs: needs root")
+@pytest.mark.slow(21)
 def test_disk_full_mid_collection_is_one_clear_error_and_the_file_stays_valid(tmp_path, tiny_model_dir):
     """collect into a 192 KiB tmpfs (in a private mount namespace): the disk fills mid-run, the command says so in
     one line, exit code 1, and the file holds only whole episodes; with room again the same command completes it."""

@@ -29,7 +29,8 @@ def one_step_config(tmp_path, episodes=4):
     )
 
 
-@pytest.mark.parametrize("name", registered_names())
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow(87)) if name == "bfcl" else name
+                                  for name in registered_names()])
 def test_env_is_a_trl_environment_factory(name, tiny_model_dir, tmp_path):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOTrainer

@@ -190,7 +190,6 @@ def test_tool_descriptions_evolve_with_the_system_prompt(tiny_tokenizer, tiny_te
         seed_candidate(ARITHMETIC, SEED_PROMPT, ["divide"])
 
 
-@pytest.mark.slow
 def test_a_local_model_reflects(tiny_model_dir, tiny_tokenizer, tiny_template, tmp_path: Path):
     adapter = make_adapter(tiny_tokenizer, tiny_template, policy=InstructionFollowingPolicy())
     reflection = LocalReflection(tiny_model_dir, max_new_tokens=32, temperature=1.0, device="cpu", dtype="auto")

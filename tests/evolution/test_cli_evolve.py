@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.evolution.scripted import HINT, SEED_PROMPT, proposer_as_chat_policy
@@ -69,6 +70,7 @@ def test_evolve_then_compare_seed_and_evolved_prompts_on_held_out_tasks(tiny_tok
     assert len(ids) == len(set(ids)) == 32
 
 
+@pytest.mark.slow(36)
 def test_the_docs_config_runs_and_resumes_after_being_killed(tmp_path):
     """``trajlab evolve --config configs/evolve.yaml`` (tiny model, offline), SIGKILLed mid-run, then run again."""
     out = tmp_path / "evolve"

@@ -49,7 +49,7 @@ THREE_STAGES = {"stages": [
 ]}
 
 
-@pytest.mark.parametrize("workers", [0, pytest.param(2, id="rollout workers")])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, id="rollout workers", marks=pytest.mark.slow(25))])
 def test_each_step_draws_from_its_stage_and_every_promotion_is_logged(tiny_model_dir, tmp_path, workers):
     """In-process, and on Ray rollout workers, which hold an engine per stage (its env, knobs and limits)."""
     if workers:

@@ -46,6 +46,7 @@ def update_gap(start: Path, one: Path, two: Path) -> tuple[float, float]:
     return first.abs().max().item(), ((first - second).norm() / first.norm()).item()
 
 
+@pytest.mark.slow(28)
 def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
     """Three tasks over two processes (2 and 1: uneven rollouts), micro-batches of 4 (4 and then 12 sequences
     trained: 1 and 3 micro-batches, so one process runs a pass of weight zero), two steps with learning-rate
@@ -81,6 +82,7 @@ def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
     assert moved > 0.5 * lr / 3 and apart < 1e-3, (moved, apart)
 
 
+@pytest.mark.slow(72)
 def test_rl_with_workers_in_two_processes_matches_one_and_a_killed_worker_costs_nothing(terse_model_dir, tmp_path):
     """``rollout.workers`` under ``accelerate launch``: the main process drives two Ray workers, which roll out every
     task, and both processes train on their share; the same rollouts, losses and weights as one process driving
@@ -114,6 +116,7 @@ def test_rl_with_workers_in_two_processes_matches_one_and_a_killed_worker_costs_
     assert moved > 0.5e-3 and apart < 1e-3, (moved, apart)
 
 
+@pytest.mark.slow(34)
 def test_sft_two_processes_match_one(tiny_model_dir, tmp_path):
     """The same optimizer steps over the same sequences: 8 demonstrations, 4 a step in one process, 2 a step in
     each of two (the per-device batch), two steps. Had one process run with batch 2, it would take four steps."""

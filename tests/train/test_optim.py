@@ -87,7 +87,7 @@ def _float32_state(state: dict) -> None:
     assert moments and all(m.dtype == torch.float32 for m in moments)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(5)
 def test_sft_and_rl_train_a_bfloat16_model_with_float32_optimizer_state(tiny_model_dir, tmp_path):
     demos = trajlab.collect("arithmetic", "oracle", episodes=4, split="train", tokenizer=tiny_model_dir,
                             rollout={"max_turns": 4})

@@ -21,6 +21,7 @@ from ..rollout.length_env import SLOW
 pytest.importorskip("ray")
 
 
+@pytest.mark.slow(28)
 def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, monkeypatch):
     """Two RL steps: the workers sample what the in-process engine samples (seeded per episode and turn), take the
     trainer's weights after the first step, and the update ends at the same weights; a worker killed in the middle
@@ -72,6 +73,7 @@ def test_rl_with_two_workers_learns_as_in_process(terse_model_dir, tmp_path, mon
     assert moved > 0.5 * settings.learning_rate and apart < 0.1 * settings.learning_rate, (moved, apart)
 
 
+@pytest.mark.slow(23)
 def test_asynchronous_rl_on_workers_samples_what_it_does_in_process(terse_model_dir, tmp_path):
     """rl.max_staleness 1 with two workers: the next step's rollouts run on the workers during the update, each
     step after the first trains on rollouts one version old, and the workers take every trained version (the same

@@ -56,6 +56,7 @@ def one_and_two_sharded(command: list[str], tmp_path: Path) -> tuple[list[dict],
     pytest.param(["--lora-r", "4", "--set", "rl.kl_coef=0.05", "--set", "rl.gradient_checkpointing=true"],
                  id="lora-kl-checkpointing"),
 ])
+@pytest.mark.slow(38)
 def test_sharded_rl_in_two_processes_matches_one_unsharded_process(terse_model_dir, tmp_path, variant):
     """Three tasks over two processes (uneven rollouts, one process running a pass of weight zero), two steps with
     warm-up: the same rollouts, losses, gradient norms and learning rates, the same weights at the end. The hf
@@ -77,6 +78,7 @@ def test_sharded_rl_in_two_processes_matches_one_unsharded_process(terse_model_d
     assert slices == ["__0_0.distcp", "__1_0.distcp"], "each process checkpointed its own slices: it was sharded"
 
 
+@pytest.mark.slow(49)
 def test_a_sharded_run_killed_and_resumed_ends_as_one_left_alone(terse_model_dir, tmp_path):
     """Three steps, a checkpoint after each: one run left alone, one killed (SIGKILL, both processes and the
     launcher) once its first checkpoint is written, then resumed: the same metrics for every step and the same final
@@ -138,6 +140,7 @@ def test_a_sharded_bfloat16_policy_keeps_float32_master_slices_and_exports_bfloa
     assert moved > 0, "trained"
 
 
+@pytest.mark.slow(46)
 def test_sharded_training_drives_rollout_workers_from_the_main_process(terse_model_dir, tmp_path):
     """``rollout.workers`` with two sharded trainer processes: the main process drives the worker, and both take
     part in gathering the weights it is sent after each update (the other process keeps none); the same rollouts,
@@ -184,6 +187,7 @@ def demos(tiny_model_dir, tmp_path_factory) -> Path:
     pytest.param([], id="full-weights"),
     pytest.param(["--lora-r", "4", "--set", "sft.gradient_checkpointing=true"], id="lora-checkpointing"),
 ])
+@pytest.mark.slow(30)
 def test_sharded_sft_in_two_processes_matches_one_unsharded_process(tiny_model_dir, demos, tmp_path, variant):
     """8 demonstrations, 4 a step in one process, 2 a step in each of two sharded ones, two steps: the same losses
     and gradient norms each step, the same weights at the end (LoRA merged), and each process's slices in the
@@ -203,6 +207,7 @@ def test_sharded_sft_in_two_processes_matches_one_unsharded_process(tiny_model_d
     assert slices == ["__0_0.distcp", "__1_0.distcp"]
 
 
+@pytest.mark.slow(57)
 def test_sharded_sft_resumed_from_its_checkpoint_ends_as_one_left_alone(tiny_model_dir, demos, tmp_path):
     """Two sharded processes: a run of 2 steps, and a run stopped after 1 step then resumed to 2 from its
     checkpoint's slices: the same second step and the same final weights."""
