@@ -41,7 +41,7 @@ ruff check . || exit 1
 # Two workers (pytest-xdist): on 2 cores much of the suite waits on subprocesses, servers and sandboxes, so the
 # workers overlap that waiting; the arguments come after, so `-n 0` runs it in one process. One torch thread per
 # process unless OMP_NUM_THREADS says otherwise: two workers of two threads each oversubscribe the cores (tests/train
-# took 5:24 so and 5:00 with one thread; three workers of one thread, 5:41).
+# took 5:24 so and 5:00 with one thread; three workers of one thread, 5:41; docs/backends.md).
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} run_pytest -n 2 --dist worksteal "$@" || exit $?
 if [ "$lane" = "1" ]; then
   echo "vLLM lane: tests/vllm in .venv-vllm"
