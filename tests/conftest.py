@@ -15,8 +15,8 @@ from trajlab.models.tiny import init_tiny_model
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The heaviest tests first, by their ``slow(seconds)`` marks: pytest-xdist's worksteal hands each worker a
     contiguous share of this order and an idle worker steals from the back of the other's queue, so heavy tests
-    started first leave short ones for the end and the two workers finish together (the twins and the GPU smoke run
-    last in file order, where one worker ran them for minutes after the other had finished)."""
+    started first leave short ones for the end and the two workers finish together (in file order the twins and the
+    GPU smoke came late, in one worker's share)."""
     def seconds(item: pytest.Item) -> float:
         mark = item.get_closest_marker("slow")
         return mark.args[0] if mark is not None and mark.args else 0.0

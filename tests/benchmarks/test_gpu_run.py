@@ -15,6 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GPU = REPO / "benchmarks" / "gpu"
 MEASUREMENTS = ("rl_step", "rollouts", "async_rl", "sft", "update_memory")
+# The smoke run (the module fixture, 165 s in the full suite) is paid by whichever of its tests runs first: one mark
+# for all of them keeps them together and at the front of the order (tests/conftest.py).
+SMOKE = pytest.mark.slow(165)
 
 
 def pins(path: Path) -> dict[str, str]:
@@ -69,7 +72,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, str]:
     return json.loads((out / "results.json").read_text()), (out / "results.md").read_text(), result.stdout
 
 
-@pytest.mark.slow(165)
+@SMOKE
 def test_smoke_runs_every_measurement_and_writes_json_and_markdown(smoke) -> None:
     report, markdown, stdout = smoke
     assert list(report["results"]) == list(MEASUREMENTS)
@@ -81,7 +84,7 @@ def test_smoke_runs_every_measurement_and_writes_json_and_markdown(smoke) -> Non
     assert "[gpu-bench" in stdout, "progress is printed"
 
 
-@pytest.mark.slow(165)
+@SMOKE
 def test_rl_step_puts_trl_first_and_its_episodes_take_several_turns(smoke) -> None:
     rows = smoke[0]["results"]["rl_step"]["rows"]
     assert [row["framework"] for row in rows] == ["trl", "trajlab"]
@@ -90,7 +93,7 @@ def test_rl_step_puts_trl_first_and_its_episodes_take_several_turns(smoke) -> No
         assert row["turns_per_episode"] > 1 and row["tool_calls_per_step"] > 0, "the warm start taught tool calls"
 
 
-@pytest.mark.slow(165)
+@SMOKE
 def test_rollouts_compare_the_floor_trajlab_and_continuous_batching_on_the_same_tokens(smoke) -> None:
     result = smoke[0]["results"]["rollouts"]
     assert list(result["sides"]) == ["generate", "trajlab", "continuous"]
@@ -100,14 +103,14 @@ def test_rollouts_compare_the_floor_trajlab_and_continuous_batching_on_the_same_
     assert result["bandwidth"]["gbs"] > 0
 
 
-@pytest.mark.slow(165)
+@SMOKE
 def test_async_rl_runs_staleness_0_1_and_2_for_as_many_steps(smoke) -> None:
     rows = smoke[0]["results"]["async_rl"]["rows"]
     assert [row["staleness"] for row in rows] == [0, 1, 2]
     assert len({row["steps"] for row in rows}) == 1 and all(row["steps_per_hour"] > 0 for row in rows)
 
 
-@pytest.mark.slow(165)
+@SMOKE
 def test_sft_and_update_memory_put_their_peer_beside_trajlab(smoke) -> None:
     results = smoke[0]["results"]
     assert list(results["sft"]["sides"])[0] == "trl" and "trajlab" in results["sft"]["sides"]
