@@ -78,13 +78,17 @@ def test_sharded_rl_in_two_processes_matches_one_unsharded_process(terse_model_d
     assert slices == ["__0_0.distcp", "__1_0.distcp"], "each process checkpointed its own slices: it was sharded"
 
 
-@pytest.mark.slow(49)
+@pytest.mark.slow(60)
 def test_a_sharded_run_killed_and_resumed_ends_as_one_left_alone(terse_model_dir, tmp_path):
     """Three steps, a checkpoint after each: one run left alone, one killed (SIGKILL, both processes and the
     launcher) once its first checkpoint is written, then resumed: the same metrics for every step and the same final
-    weights. Each process wrote and read only its own slices (``checkpoint/sharded``)."""
+    weights, to the bit. Each process wrote and read only its own slices (``checkpoint/sharded``).
+
+    One episode generates at a time: a batch's composition follows the episodes' timing, and a row's logprobs round
+    differently with the rows beside it; the loss's ratio is taken against those logprobs, and AdamW turned that
+    rounding into weights 5e-7 apart (10 of 294,912) on a loaded CI machine."""
     command = [*LAUNCH, "rl", "--model", str(terse_model_dir), *COMMON, "--steps", "3", "--learning-rate", "1e-3",
-               "--set", "rl.save_steps=1", *SHARDED]
+               "--set", "rl.save_steps=1", *SHARDED, "--set", "rollout.concurrency=1"]
     run([*command, "--out", str(tmp_path / "alone")], ROOT)
     killed = tmp_path / "killed"
     env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -103,16 +107,11 @@ def test_a_sharded_run_killed_and_resumed_ends_as_one_left_alone(terse_model_dir
     alone, resumed = metrics(tmp_path / "alone"), metrics(killed)
     assert [s["step"] for s in resumed] == [1, 2, 3]
     for left, again in zip(alone, resumed, strict=True):
-        for key in ("reward/mean", "optim/trained_sequences", "optim/lr"):
+        for key in ("reward/mean", "optim/trained_sequences", "optim/lr", "loss/policy", "optim/grad_norm"):
             assert again[key] == left[key], key
-        # The first pass's policy loss is a sum of order-1 terms that cancel (a group's advantages sum to 0): it is
-        # rounding, about 1e-7 either side of 0, so it is compared at the terms' rounding (1e-6), as in the test
-        # above; the gradient norm and the final weights are what tell a different update.
-        assert again["loss/policy"] == pytest.approx(left["loss/policy"], rel=1e-5, abs=1e-6)
-        assert again["optim/grad_norm"] == pytest.approx(left["optim/grad_norm"], rel=1e-5)
     for mine, theirs in zip(load_model(killed / "final").parameters(),
                             load_model(tmp_path / "alone" / "final").parameters(), strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-7)
+        assert torch.equal(mine, theirs)
 
 
 def test_a_sharded_bfloat16_policy_keeps_float32_master_slices_and_exports_bfloat16(terse_model_dir, tmp_path):
