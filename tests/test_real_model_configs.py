@@ -52,14 +52,12 @@ TWIN_DISK_GB = 12.5
 @pytest.fixture
 def scratch(tmp_path):
     """tmp_path, emptied after the test: a run writes 11-12.3 GB of checkpoints (float32 weights and optimizer state
-    of a 323M- or 361M-parameter twin), which pytest would otherwise keep for three sessions. Heaviest first
-    (tests/conftest.py) starts both twins together on two workers, so the disk must hold two runs at once; a full
-    disk said only "No space left on device" from safetensors, in the middle of the run."""
-    runs = min(2, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    of a 323M- or 361M-parameter twin), which pytest would otherwise keep for three sessions. The two twins run one
+    after the other (heaviest first, tests/conftest.py, puts both at the head of one worker's share). A full disk
+    said only "No space left on device" from safetensors, in the middle of the run."""
     free = shutil.disk_usage(tmp_path).free / 1e9
-    assert free >= TWIN_DISK_GB * runs, (
-        f"{tmp_path.parent} has {free:.1f} GB free; the twin runs need about {TWIN_DISK_GB * runs:g} GB "
-        f"({TWIN_DISK_GB:g} GB each, {runs} at once): free some space or point --basetemp elsewhere")
+    assert free >= TWIN_DISK_GB, (f"{tmp_path.parent} has {free:.1f} GB free; the twin's run needs about "
+                                  f"{TWIN_DISK_GB:g} GB: free some space or point --basetemp elsewhere")
     yield tmp_path
     shutil.rmtree(tmp_path, ignore_errors=True)
 
