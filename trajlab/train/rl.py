@@ -255,6 +255,8 @@ class _Loop:
         overlap_s = self.feed.timeline.overlap(started, ended, now=ended)
         # the stage's rule, before the next step's rollouts may start: a promotion is in effect for them
         stage_metrics, promotion = parts.curriculum.observe(step, self.stage_of.pop(step), trajectories, self.heldout)
+        # rollout workers: how many died and were replaced up to now, read before the next step's rollouts may kill one
+        replaced = {"workers_replaced": parts.sampler.replaced} if hasattr(parts.sampler, "replaced") else {}
         self.feed.trained(step + 1, lambda: publish(parts.sampler, parts.behaviour, parts.model)
                           if settings.max_staleness else None)  # synchronous: published on leaving synced_sampler
 
@@ -267,9 +269,7 @@ class _Loop:
         record |= {"generate_calls": made.generate_calls, "drift/trajectories": len(drifts),
                    "drift_check_s": drift_check_s, "lr": learning_rate * rate_scale,
                    "processes": parts.accelerator.num_processes, "rollout_wait_s": waited_s, "overlap_s": overlap_s}
-        if hasattr(parts.sampler, "replaced"):  # rollout workers: how many died and were replaced
-            record["workers_replaced"] = parts.sampler.replaced
-        self.log(namespaced(record | (stage_metrics if parts.curriculum.staged else {})))
+        self.log(namespaced(record | replaced | (stage_metrics if parts.curriculum.staged else {})))
         self._after(step, promotion)
 
     def score(self, trajectories: list[Trajectory]) -> Scores:
