@@ -22,8 +22,6 @@ from trajlab.sandbox.errors import SandboxError
 from trajlab.sandbox.uids import require_readable
 
 _COUNT = itertools.count()
-
-
 _PREFIX = "trajlab-test-mirror-"
 
 
@@ -32,8 +30,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # someone else's process: alive
+        pass
     return True
 
 
