@@ -4,6 +4,7 @@ KL term, activation checkpointing, another sampler corrected for, the drift guar
 import json
 
 import pytest
+import torch
 
 import trajlab
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
@@ -167,3 +168,31 @@ def test_rate_by_failures_scales_each_steps_rate_by_its_failed_share(tiny_model_
         share = failed_share(step)
         assert record["optim/lr"] == pytest.approx(1e-4 * learning_rate_factor(done, settings) * share)
     assert failed_share([]) == 1.0
+
+
+def test_greedy_rollout_decodes_one_member_of_each_group_greedily(tiny_model_dir, tmp_path):
+    """With ``greedy_rollout`` the first rollout of each group takes the untrained model's most likely token at every
+    model position (teacher-forced again here), the others sample at temperature 1 (the untrained model's flat
+    distribution then picks other tokens), and the step logs the greedy members' success."""
+    settings, rollout = tiny_settings(steps=1, group_size=3, greedy_rollout=True)
+    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=load_tokenizer(tiny_model_dir),
+               rollout=rollout, **settings.model_dump())
+    model, rollouts = load_model(tiny_model_dir).eval(), list(read_trajectories(tmp_path / "rollouts.jsonl"))
+    assert sorted(t.id.rsplit(":", 1)[1] for t in rollouts if t.metrics.get("greedy")) == ["0", "0"]
+
+    def argmax_share(trajectory):
+        tokens = trajectory.tokens
+        ids = torch.tensor([tokens.prompt_ids + tokens.completion_ids])
+        with torch.no_grad():
+            best = model(ids).logits[0, len(tokens.prompt_ids) - 1 : -1].argmax(-1).tolist()
+        chosen = [(b, c) for b, c, bit in zip(best, tokens.completion_ids, tokens.loss_mask, strict=True) if bit]
+        return sum(b == c for b, c in chosen) / len(chosen)
+
+    for trajectory in rollouts:
+        share = argmax_share(trajectory)
+        assert share == 1.0 if trajectory.metrics.get("greedy") else share < 0.5, (trajectory.id, share)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    greedy = [t for t in rollouts if t.metrics.get("greedy")]
+    assert record["rollout/greedy_success_rate"] == sum(t.status == "success" for t in greedy) / len(greedy)
+    with pytest.raises(ValueError, match="rl.greedy_rollout needs rl.temperature 1"):
+        RLSettings(greedy_rollout=True, temperature=0.7)

@@ -287,6 +287,12 @@ class RLSettings(TrainingSettings):
     """Each step's rate multiplied by the share of its trained rollouts that did not succeed: large steps while the
     policy still fails the train tasks it draws, small ones once it mostly succeeds, so a model SFT already made
     right is moved little and one SFT left wrong a lot (BENCHMARKS.md, issue 45)."""
+    greedy_rollout: bool = False
+    """One rollout of each group decodes greedily, the others sample at ``temperature``: the group then compares the
+    policy's mode, which held-out evaluation measures, with its samples, so a greedy answer that fails where samples
+    succeed is pushed down and they are pulled up (ReMax's greedy baseline, trained on as a member of the group).
+    Its success on the train tasks is logged as ``rollout/greedy_success_rate``; needs ``temperature`` 1, at which
+    the greedy turns' recorded logprobs are the policy's."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
     importance_sampling: Literal["auto", "on", "off"] = "auto"
@@ -316,6 +322,14 @@ class RLSettings(TrainingSettings):
     writes such files). None: under ``trajlab run``, the run's ``demos.jsonl``; elsewhere required for replay."""
     save_steps: int = Field(10, ge=1)
     """Steps between checkpoints."""
+
+    @model_validator(mode="after")
+    def _greedy_at_temperature_one(self) -> RLSettings:
+        if self.greedy_rollout and self.temperature != 1.0:
+            raise ValueError(f"rl.greedy_rollout needs rl.temperature 1 (got {self.temperature:g}): the greedy turns "
+                             "record the policy's logprobs at temperature 1, which the clipped ratio compares with; "
+                             "set rl.temperature: 1.0 or rl.greedy_rollout: false.")
+        return self
 
 
 class EvalSettings(Section):

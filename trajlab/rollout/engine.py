@@ -181,6 +181,8 @@ class RolloutEngine(EpisodeRunner):
         if budget <= 0:
             return "max_episode_tokens"
         params = replace(self.sampling, max_new_tokens=min(self.sampling.max_new_tokens, budget))
+        if state.episode.greedy:
+            params = replace(params, temperature=0.0)
 
         # --- generate: the model's tokens go into the record exactly as returned ---
         request = GenerationRequest(prompt_ids=prompt_ids, params=params, messages=[dict(m) for m in state.messages],
@@ -307,6 +309,8 @@ class RolloutEngine(EpisodeRunner):
         else:
             status = "failure"
         metrics = {name: float(value) for name, value in state.counters.items()}
+        if state.episode.greedy:
+            metrics["greedy"] = 1.0
         if env is not None:
             metrics |= {f"env/{name}": value for name, value in env.metrics.items()}
         trajectory = Trajectory(

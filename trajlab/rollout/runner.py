@@ -28,6 +28,9 @@ class Episode:
     split: str | None = None
     group: str | None = None
     """Copied into ``Trajectory.group``: episodes compared with each other for advantages (RL: one task's samples)."""
+    greedy: bool = False
+    """Decode every turn greedily, whatever the runner's temperature (RL's ``greedy_rollout``); recorded as
+    ``metrics["greedy"]``."""
 
 
 class EpisodeRunner:

@@ -179,7 +179,8 @@ class _Loop:
     async def rollouts(self, step: int) -> list[Trajectory]:
         """This process's share of the step's tasks, ``group_size`` rollouts each (on the feed's thread)."""
         self.stage_of[step], step_tasks = self.parts.curriculum.draw(step, self.settings.tasks_per_step)
-        self.plans[step] = [group_episodes(step, i, task, self.settings.group_size)
+        self.plans[step] = [group_episodes(step, i, task, self.settings.group_size,
+                                           greedy=self.settings.greedy_rollout)
                             for i, task in enumerate(step_tasks)]
         accelerator = self.parts.accelerator
         if self.parts.rollouts_on_main:
@@ -307,11 +308,14 @@ class _Loop:
         return (update.policy, update.optimizer) if is_sharded(update.policy) else None
 
 
-def group_episodes(step: int, index: int, task: dict[str, Any], group_size: int) -> list[Episode]:
-    """The ``group_size`` rollouts of the step's ``index``-th task, compared with each other for advantages.
+def group_episodes(step: int, index: int, task: dict[str, Any], group_size: int, *,
+                   greedy: bool = False) -> list[Episode]:
+    """The ``group_size`` rollouts of the step's ``index``-th task, compared with each other for advantages; with
+    ``greedy``, the first decodes greedily (``rl.greedy_rollout``).
 
     The group is the task's place in the step, not its id: two envs of a mixture (or a short task cycle) may repeat
     a task id within one step, and each stays its own group.
     """
     group = f"rl:{step}:{index}"
-    return [Episode(f"{group}:{task_id(task)}:{g}", task, split="train", group=group) for g in range(group_size)]
+    return [Episode(f"{group}:{task_id(task)}:{g}", task, split="train", group=group, greedy=greedy and g == 0)
+            for g in range(group_size)]

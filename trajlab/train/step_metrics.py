@@ -14,9 +14,9 @@ METRIC_NAMES = {
     "step": "step",
     "reward": "reward/mean",
     **{name: f"rollout/{name}" for name in (
-        "success_rate", "tool_error_rate", "parse_error_rate", "mean_turns", "episodes", "errors", "retries",
-        "zero_variance_groups", "groups_short", "groups_skipped", "staleness_mean", "dropped_stale",
-        "workers_replaced")},
+        "success_rate", "greedy_success_rate", "tool_error_rate", "parse_error_rate", "mean_turns", "episodes",
+        "errors", "retries", "zero_variance_groups", "groups_short", "groups_skipped", "staleness_mean",
+        "dropped_stale", "workers_replaced")},
     "drift/trajectories": "rollout/drifted",
     "loss": "loss/policy", "kl": "loss/kl", "entropy": "loss/entropy", "clip_fraction": "loss/clip_fraction",
     "grad_norm": "optim/grad_norm", "lr": "optim/lr", "trained_sequences": "optim/trained_sequences",
@@ -75,6 +75,9 @@ def step_metrics(step: int, trajectories: list[Trajectory], rewards: list[float]
         record[key] = sum(t.metrics.get(key, 0.0) for t in trajectories) / n
     for key in sorted({k for t in every for k in t.metrics if k.startswith("judge/")}):  # what the judge cost
         record[key] = sum(t.metrics.get(key, 0.0) for t in every)
+    greedy = [t for t in trajectories if t.metrics.get("greedy")]
+    if greedy:  # rl.greedy_rollout: the train tasks' greedy success, the quantity held-out evaluation measures
+        record["greedy_success_rate"] = sum(t.status == "success" for t in greedy) / len(greedy)
     record |= _per_env(trajectories, rewards)
     if not math.isfinite(record["reward"]):
         raise FloatingPointError(f"non-finite reward at step {step + 1}")
