@@ -92,3 +92,27 @@ def test_a_rate_scale_moves_the_weights_as_that_fraction_of_the_rate_and_does_no
         moved.append(torch.cat([p.detach().flatten() for p in model.parameters()]) - start)
     assert moved[0].abs().max() > 1e-6
     assert torch.allclose(moved[0], moved[1], rtol=1e-4, atol=1e-8)
+
+
+def test_a_step_at_rate_zero_skips_its_passes_and_keeps_the_schedule(tiny_model_dir, tiny_tokenizer):
+    """A rate scale of 0 (``rl.rate_by_failures`` on a step whose rollouts all succeeded) moves no weight: the update
+    runs no pass and no optimizer step, so the weights and Adam's moments stay as they were, while the schedule
+    advances by the optimizer steps the update would have taken (2 epochs x 2 minibatches here), so the next step
+    trains at the rate it would have had."""
+    masks, advantages = [[1, 1, 1], [1, 1], [1, 1, 1, 1], [1, 1]], [[0.5] * 3, [-0.5] * 2, [0.5] * 4, [-0.5] * 2]
+    settings = RLSettings(minibatch_size=2, epochs_per_step=2)
+    model = load_model(tiny_model_dir).train()
+    trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0 / (1 + done))
+    update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16,
+                          tiny_tokenizer.pad_token_id)
+    stats, logprobs = update(trajectories, advantages, correct=True, shuffle_seed=0, rate_scale=0.0)
+    assert torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), start)
+    assert not optimizer.state, "no optimizer step: Adam's moments untouched"
+    assert stats["trained_sequences"] == 0 and logprobs == {}
+    assert scheduler.last_epoch == 4 and optimizer.param_groups[0]["lr"] == pytest.approx(0.1 / 5)
+    update(trajectories, advantages, correct=False, shuffle_seed=1, rate_scale=1.0)
+    assert scheduler.last_epoch == 8 and optimizer.state
+    assert not torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), start)

@@ -286,7 +286,8 @@ class RLSettings(TrainingSettings):
     rate_by_failures: bool = False
     """Each step's rate multiplied by the share of its trained rollouts that did not succeed: large steps while the
     policy still fails the train tasks it draws, small ones once it mostly succeeds, so a model SFT already made
-    right is moved little and one SFT left wrong a lot (BENCHMARKS.md, issue 45)."""
+    right is moved little and one SFT left wrong a lot (BENCHMARKS.md, issue 45). A step at rate 0 (every rollout
+    succeeded) skips its update's passes, which would move nothing."""
     greedy_rollout: bool = False
     """One rollout of each group decodes greedily, the others sample at ``temperature``: the group then compares the
     policy's mode, which held-out evaluation measures, with its samples, so a greedy answer that fails where samples

@@ -241,13 +241,14 @@ class _Loop:
                 samples.append(sample)
                 advantages.append(advantage)
                 owners.append(i)
+        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         replayed: dict[str, float] = {}
         if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
             demonstrations, demonstration_advantages = self.replay.draw(step)
-            samples += with_trainer_logprobs(demonstrations, parts.update)
+            # at rate 0 the update skips its passes (nothing would move), so their logprobs are not needed either
+            samples += with_trainer_logprobs(demonstrations, parts.update) if rate_scale else demonstrations
             advantages += demonstration_advantages
             replayed = self.replay.metrics(demonstration_advantages)
-        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
             update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
                                                     shuffle_seed=self.seed * 1_000_003 + step, rate_scale=rate_scale)

@@ -9,6 +9,7 @@ both average gradients: the sum over processes is the single-process gradient.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,9 @@ class PolicyUpdate:
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:
+            return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
+        if rate_scale == 0:  # no weight would move: skip the passes and the optimizer, keep the schedule's count
+            self._skip_optimizer_steps(len(self._minibatches(usable, {i: 0 for i in usable}, shuffle_seed)))
             return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
         lengths = rollout_lengths(trajectories, usable)
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
@@ -145,6 +149,14 @@ class PolicyUpdate:
         self.scheduler.step()
         self.optimizer.zero_grad()
         return grad_norm
+
+    def _skip_optimizer_steps(self, count: int) -> None:
+        """Advance the schedule by ``count`` optimizer steps that do not run (a step at rate 0): the weights and the
+        optimizer's moments stay as they are, and the next step's rate is the one it would have had."""
+        with warnings.catch_warnings():  # torch warns of a scheduler step before any optimizer step: meant here
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+            for _ in range(count):
+                self.scheduler.step()
 
     def _summed(self, totals: dict[str, float], passes: int,
                 mismatch: MismatchSums) -> tuple[dict[str, float], int, MismatchSums]:
