@@ -1,6 +1,8 @@
 """One RL step's optimizer steps on the real tiny model: rollouts without advantage skipped with the step unchanged,
 the trainer's logprobs recomputed when another engine sampled, the mismatch logged."""
 
+import math
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -9,6 +11,7 @@ from trajlab.config import RLSettings
 from trajlab.models.loading import load_model
 from trajlab.train.batches import padded_batch
 from trajlab.train.loss import loss_normaliser, policy_loss
+from trajlab.train.replay import without_sampler_logprobs
 from trajlab.train.update import PolicyUpdate
 
 from .rollouts import sampled_by, trajectory_with_model_logprobs
@@ -116,3 +119,35 @@ def test_a_step_at_rate_zero_skips_its_passes_and_keeps_the_schedule(tiny_model_
     update(trajectories, advantages, correct=False, shuffle_seed=1, rate_scale=1.0)
     assert scheduler.last_epoch == 8 and optimizer.state
     assert not torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), start)
+
+
+@pytest.mark.parametrize(("settings", "correct"), [
+    (RLSettings(max_grad_norm=1e6), False),
+    (RLSettings(max_grad_norm=1e6, minibatch_size=2, epochs_per_step=2), False),
+    (RLSettings(max_grad_norm=1e6, minibatch_size=2, epochs_per_step=2), True),
+], ids=["one optimizer step", "four optimizer steps", "four steps, another engine sampled"])
+def test_tokens_no_sampler_made_take_the_models_own_logprobs_before_the_update(tiny_model_dir, tiny_tokenizer,
+                                                                              settings, correct):
+    """Replayed demonstrations carry NaN sampler logprobs (``without_sampler_logprobs``): the update trains them as if
+    their sampler logprobs were the model's own before its first optimizer step (taken from the first pass with one
+    step, computed first with several, whose later ratios are clipped against them; with the off-policy correction,
+    an importance weight of 1), and leaves them out of the sampler-trainer mismatch."""
+    masks, advantages = [[1, 1, 1], [1, 1], [1, 1, 1, 1], [1, 1]], [[0.5] * 3, [-0.5] * 2, [0.5] * 4, [-0.5] * 2]
+    weights, stats = [], []
+    for replayed in (False, True):
+        model = load_model(tiny_model_dir).train()
+        trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, mask) for mask in masks]
+        if replayed:
+            without_sampler_logprobs(trajectories[1:3])
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)  # large: the later ratios leave the clip range
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16,
+                              tiny_tokenizer.pad_token_id)
+        stats.append(update(trajectories, advantages, correct=correct, shuffle_seed=0)[0])
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    # the same up to the two ways' float rounding of the logprobs (2e-6), grown by four steps at this rate
+    assert torch.allclose(weights[0], weights[1], atol=1e-3)
+    assert stats[1]["clip_fraction"] == pytest.approx(stats[0]["clip_fraction"])
+    assert all(math.isfinite(value) for value in stats[1].values())
+    if settings.minibatch_size:
+        assert stats[0]["clip_fraction"] > 0, "the later steps' ratios left the clip range: their 'old' policy counts"

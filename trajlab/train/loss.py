@@ -17,6 +17,11 @@ from trajlab.config import RLSettings
 from trajlab.rollout.types import Trajectory
 from trajlab.train.logprobs import batch_logprobs
 
+OWN_LOGPROB = float("nan")
+"""The sampler logprob of a token no sampler made (a replayed demonstration's): the trained model's own before the
+update's first optimizer step stands in, taken in that step's pass when the update makes one, else computed before it
+(:meth:`~trajlab.train.update.PolicyUpdate.__call__`), so the ratio starts at 1 and the importance weight is 1."""
+
 
 def loss_normaliser(trajectories: list[Trajectory], estimator: str, token_budget: int) -> float:
     """What a minibatch's summed loss is divided by, so accumulating micro-batches equals one big batch.
@@ -53,6 +58,10 @@ def policy_loss(
     old = batch["trainer_logprobs"][:, start:] if corrected else sampler
 
     logprobs, entropy = batch_logprobs(policy, batch, settings.temperature, processor)  # (B, L) each
+    own = sampler.isnan()  # OWN_LOGPROB: no sampler; the trainer's own before the update stands in (weight 1)
+    if own.any():
+        old = old if corrected else torch.where(own, logprobs.detach(), old)
+        sampler = torch.where(own, old, sampler)
 
     ratio = torch.exp(logprobs - old)
     clipped = torch.clamp(ratio, 1 - settings.clip_eps, 1 + settings.clip_eps)

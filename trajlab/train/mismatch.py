@@ -29,7 +29,10 @@ class MismatchSums:
     def add(self, trainer: torch.Tensor, batch: dict[str, Any], cap: float) -> None:
         """Count a batch's model tokens, with the trainer's logprobs (B, T - completion_start) of them."""
         start = batch["completion_start"]
-        mask, delta = batch["loss_mask"][:, start:], trainer.detach() - batch["old_logprobs"][:, start:]
+        sampler = batch["old_logprobs"][:, start:]
+        own = sampler.isnan()  # a token no sampler made (a replayed demonstration's): no mismatch to measure
+        mask = batch["loss_mask"][:, start:] * ~own
+        delta = torch.where(own, 0.0, trainer.detach() - sampler)
         self.abs_logprob += (delta.abs() * mask).sum().item()
         self.kl += ((torch.exp(delta) - delta - 1) * mask).sum().item()
         self.clipped += ((torch.exp(delta) > cap).float() * mask).sum().item()

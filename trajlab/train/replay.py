@@ -11,7 +11,8 @@ tokens get negative weight.
 
 A demonstration's "old" logprobs (the ratio's denominator) are the trained model's own before the step's update, so
 its first pass is a plain policy gradient and later passes are clipped like any rollout's, and an importance
-correction weighs it 1: the demonstrator's own probabilities are not known.
+correction weighs it 1: the demonstrator's own probabilities are not known. With one optimizer step a step they are
+the update's own pass's, not a pass of their own (:data:`~trajlab.train.loss.OWN_LOGPROB`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from trajlab.config import RLSettings
 from trajlab.rewards import RewardSet
 from trajlab.rollout.types import Trajectory
 from trajlab.train.advantages import step_advantages
-from trajlab.train.batches import rollout_lengths
-from trajlab.train.mismatch import MismatchSums
-from trajlab.train.update import PolicyUpdate
+from trajlab.train.loss import OWN_LOGPROB
 
 GROUP = "demonstrations"
 """The group every replayed demonstration is compared within: the whole log."""
@@ -76,13 +75,10 @@ class DemonstrationReplay:
                 sum(self.rewards) / len(self.rewards), "replay/advantage_mean": sum(tokens) / max(1, len(tokens))}
 
 
-def with_trainer_logprobs(demonstrations: list[Trajectory], update: PolicyUpdate) -> list[Trajectory]:
-    """The demonstrations with the trained model's logprobs of their model tokens as the sampler's: the ratio's
-    denominator of their update (the demonstrator's own are not known)."""
-    for trajectory in demonstrations:  # placeholders: the batch needs a value per model token to be built
-        trajectory.tokens.logprobs = [0.0] * len(trajectory.tokens.completion_ids)
-    order = list(range(len(demonstrations)))
-    logprobs = update.trainer_logprobs(demonstrations, order, rollout_lengths(demonstrations, order), MismatchSums())
-    for index, trajectory in enumerate(demonstrations):
-        trajectory.tokens.logprobs = logprobs[index]
+def without_sampler_logprobs(demonstrations: list[Trajectory]) -> list[Trajectory]:
+    """The demonstrations with NaN as their model tokens' sampler logprobs: no sampler made them (the demonstrator's
+    own probabilities are not known), so the update takes the trained model's own before its first optimizer step as
+    the ratio's denominator (:class:`~trajlab.train.update.PolicyUpdate`)."""
+    for trajectory in demonstrations:
+        trajectory.tokens.logprobs = [OWN_LOGPROB] * len(trajectory.tokens.completion_ids)
     return demonstrations

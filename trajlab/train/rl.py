@@ -47,7 +47,7 @@ from trajlab.train.checkpoints import MetricsLog, load_checkpoint, save_checkpoi
 from trajlab.train.curriculum import Curriculum, Promotion, heldout_success
 from trajlab.train.feed import RolloutFeed, StepRollouts
 from trajlab.train.publish import publish, synced_sampler
-from trajlab.train.replay import DemonstrationReplay, with_trainer_logprobs
+from trajlab.train.replay import DemonstrationReplay, without_sampler_logprobs
 from trajlab.train.schedule import failed_share
 from trajlab.train.sharding import is_sharded
 from trajlab.train.step_metrics import namespaced, record_rollouts, staleness_metrics, step_metrics
@@ -245,8 +245,7 @@ class _Loop:
         replayed: dict[str, float] = {}
         if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
             demonstrations, demonstration_advantages = self.replay.draw(step)
-            # at rate 0 the update skips its passes (nothing would move), so their logprobs are not needed either
-            samples += with_trainer_logprobs(demonstrations, parts.update) if rate_scale else demonstrations
+            samples += without_sampler_logprobs(demonstrations)
             advantages += demonstration_advantages
             replayed = self.replay.metrics(demonstration_advantages)
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():

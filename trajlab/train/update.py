@@ -68,7 +68,7 @@ class PolicyUpdate:
         if not usable:
             return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
         if rate_scale == 0:  # no weight would move: skip the passes and the optimizer, keep the schedule's count
-            self._skip_optimizer_steps(len(self._minibatches(usable, {i: 0 for i in usable}, shuffle_seed)))
+            self._skip_optimizer_steps(self._optimizer_steps(len(usable)))
             return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
         lengths = rollout_lengths(trajectories, usable)
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
@@ -78,6 +78,8 @@ class PolicyUpdate:
         mismatch = MismatchSums()
         trained = sorted((i for i in usable if i not in silent), key=lengths.__getitem__)
         trainer_logprobs = self.trainer_logprobs(trajectories, trained, lengths, mismatch) if correct else {}
+        if not correct and self._optimizer_steps(len(usable)) > 1:  # later steps need the first's "old" logprobs
+            self._own_logprobs_first(trajectories, trained, lengths)
         totals, passes, steps, grad_norm = dict.fromkeys(LOSS_STATS, 0.0), 0, 0, 0.0
         for minibatch in self._minibatches(usable, lengths, shuffle_seed):
             normaliser = loss_normaliser([trajectories[i] for i in minibatch], self.settings.estimator,
@@ -103,6 +105,18 @@ class PolicyUpdate:
         averages = {key: value / max(1, passes) for key, value in totals.items()}
         return (averages | {"loss": totals["loss"] / max(1, steps), "grad_norm": grad_norm / max(1, steps),
                             "trained_sequences": len(usable) - len(silent)} | mismatch.means()), trainer_logprobs
+
+    def _optimizer_steps(self, count: int) -> int:
+        """How many optimizer steps the update of ``count`` rollouts makes: one per minibatch of each epoch."""
+        return self.settings.epochs_per_step * math.ceil(count / (self.settings.minibatch_size or count))
+
+    def _own_logprobs_first(self, trajectories: list[Trajectory], trained: list[int], lengths: dict[int, int]) -> None:
+        """Give the trained rollouts that no sampler made (:data:`~trajlab.train.loss.OWN_LOGPROB`, replayed
+        demonstrations) the model's own logprobs before the first optimizer step, as their "old" policy of every step;
+        with one optimizer step the loss takes them from its own pass instead, at no extra pass."""
+        own = [i for i in trained if any(math.isnan(lp) for lp in trajectories[i].tokens.logprobs if lp is not None)]
+        for index, logprobs in self.trainer_logprobs(trajectories, own, lengths, MismatchSums()).items():
+            trajectories[index].tokens.logprobs = logprobs
 
     def _minibatches(self, usable: list[int], lengths: dict[int, int], shuffle_seed: int) -> list[list[int]]:
         """``epochs_per_step`` shuffled passes over the rollouts, cut into minibatches (one optimizer step each)
