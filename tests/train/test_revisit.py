@@ -1,0 +1,77 @@
+"""Revisiting train tasks whose group had mixed outcomes (``rl.revisit_share``): which tasks are queued, how a step's
+draw takes them, and a real RL run on the tiny model that draws them again and resumes with the same queue."""
+
+from __future__ import annotations
+
+import json
+
+import trajlab
+from trajlab.config import RLSettings, RolloutSettings
+from trajlab.data.store import read_trajectories
+from trajlab.models.loading import load_tokenizer
+from trajlab.rollout.types import Trajectory
+from trajlab.train.revisit import Revisits
+
+from ..rollout.length_env import SPEC as LENGTH
+
+
+def group(name: str, task: dict, statuses: list[str]) -> list[Trajectory]:
+    return [Trajectory(id=f"{name}:{i}", env="length", task=task, messages=[], tools=[], reward=0.0, status=status,
+                       group=name) for i, status in enumerate(statuses)]
+
+
+def test_mixed_groups_are_queued_and_drawn_oldest_first_in_place_of_fresh_tasks():
+    revisits = Revisits(share=0.5, capacity=3)
+    a, b, c, d, e = ({"task_id": name} for name in "abcde")
+    revisits.observe(0, [*group("g1", a, ["success", "failure"]), *group("g2", b, ["success", "success"]),
+                         *group("g3", c, ["failure", "truncated"]), *group("g4", d, ["success", "error", "error"]),
+                         *group("g5", e, ["error", "failure", "success"])])
+    assert revisits.queue == [(0, a), (0, e)], "only groups whose valid rollouts both succeeded and failed"
+    revisits.observe(0, group("g6", a, ["failure", "success"]))
+    assert revisits.queue == [(0, a), (0, e)], "a queued task keeps its place"
+    fresh = [{"task_id": f"f{i}"} for i in range(4)]
+    assert revisits.mix(0, fresh) == ([a, e, *fresh[:2]], 2)
+    assert revisits.mix(0, fresh) == (fresh, 0), "drawn tasks leave the queue"
+    revisits.observe(1, [*group("h1", b, ["success", "failure"]), *group("h2", c, ["success", "failure"])])
+    revisits.observe(0, group("h3", d, ["success", "failure"]))
+    assert revisits.mix(0, fresh) == ([d, *fresh[:3]], 1), "a stage draws its own tasks only"
+    for name in "vwxyz":
+        revisits.observe(1, group(name, {"task_id": name}, ["success", "failure"]))
+    assert [task["task_id"] for _, task in revisits.queue] == ["x", "y", "z"], "the oldest dropped beyond capacity"
+    restored = Revisits(share=0.5, capacity=3)
+    restored.restore(json.loads(json.dumps(revisits.state())))
+    assert restored.queue == revisits.queue
+
+
+def run(model_dir, out, steps, resume=False) -> list[Trajectory]:
+    settings = RLSettings(steps=steps, tasks_per_step=4, group_size=4, learning_rate=1e-3, rewards={"env": 1.0},
+                          revisit_share=0.5, save_steps=1)
+    trajlab.rl(model_dir, LENGTH, out, tokenizer=load_tokenizer(model_dir), device="cpu", resume=resume,
+               rollout=RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=16), **settings.model_dump())
+    return list(read_trajectories(out / "rollouts.jsonl"))
+
+
+def tasks_of(rollouts: list[Trajectory], step: int) -> list[str]:
+    """A step's tasks in its groups' order."""
+    ordered = sorted({(int(t.group.split(":")[2]), t.task["task_id"])
+                      for t in rollouts if t.metrics["rl/step"] == step})
+    return [task for _, task in ordered]
+
+
+def test_rl_draws_mixed_tasks_again_and_resumes_with_the_same_queue(terse_model_dir, tmp_path):
+    """The terse model's answers vary in length, so the length env's groups are sometimes mixed: each later step
+    starts with the tasks the queue then held (up to half of its 4), and a run resumed from its step-2 checkpoint
+    draws step 3 as the uninterrupted run did."""
+    through = run(terse_model_dir, tmp_path / "through", steps=3)
+    records = [json.loads(line) for line in (tmp_path / "through" / "metrics.jsonl").read_text().splitlines()]
+    revisits = Revisits(share=0.5, capacity=16)
+    for record in records:
+        step = record["step"]
+        expected, count = revisits.mix(0, [{"task_id": "fresh"}] * 4)
+        assert record["rollout/revisited_tasks"] == count
+        assert tasks_of(through, step)[:count] == [task["task_id"] for task in expected[:count]]
+        revisits.observe(0, [t for t in through if t.metrics["rl/step"] == step])
+    assert sum(record["rollout/revisited_tasks"] for record in records) > 0, "no mixed group: the test saw nothing"
+    run(terse_model_dir, tmp_path / "resumed", steps=2)
+    resumed = run(terse_model_dir, tmp_path / "resumed", steps=3, resume=True)
+    assert tasks_of(resumed, 3) == tasks_of(through, 3)
