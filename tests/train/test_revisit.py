@@ -20,24 +20,28 @@ def group(name: str, task: dict, statuses: list[str]) -> list[Trajectory]:
                        group=name) for i, status in enumerate(statuses)]
 
 
-def test_mixed_groups_are_queued_and_drawn_oldest_first_in_place_of_fresh_tasks():
+def test_mixed_groups_are_queued_and_those_that_failed_most_drawn_in_place_of_fresh_tasks():
     revisits = Revisits(share=0.5, capacity=3)
     a, b, c, d, e = ({"task_id": name} for name in "abcde")
-    revisits.observe(0, [*group("g1", a, ["success", "failure"]), *group("g2", b, ["success", "success"]),
-                         *group("g3", c, ["failure", "truncated"]), *group("g4", d, ["success", "error", "error"]),
+    revisits.observe(0, [*group("g1", a, ["success", "failure", "success", "success"]),
+                         *group("g2", b, ["success", "success"]), *group("g3", c, ["failure", "truncated"]),
+                         *group("g4", d, ["success", "error", "error"]),
                          *group("g5", e, ["error", "failure", "success"])])
-    assert revisits.queue == [(0, a), (0, e)], "only groups whose valid rollouts both succeeded and failed"
-    revisits.observe(0, group("g6", a, ["failure", "success"]))
-    assert revisits.queue == [(0, a), (0, e)], "a queued task keeps its place"
+    assert [(r.task, r.failed) for r in revisits.queue] == [(a, 0.25), (e, 0.5)], "mixed groups' valid rollouts"
+    revisits.observe(0, group("g6", a, ["failure", "failure", "success", "failure"]))
+    assert [(r.task, r.failed) for r in revisits.queue] == [(a, 0.75), (e, 0.5)], "a queued task's share renewed"
     fresh = [{"task_id": f"f{i}"} for i in range(4)]
-    assert revisits.mix(0, fresh) == ([a, e, *fresh[:2]], 2)
-    assert revisits.mix(0, fresh) == (fresh, 0), "drawn tasks leave the queue"
+    revisits.observe(0, group("g7", b, ["failure", "success"]))
+    assert revisits.mix(0, fresh) == ([a, e, *fresh[:2]], 2), "the most failed first, the earlier among equals"
+    assert revisits.mix(0, fresh) == ([b, *fresh[:3]], 1), "drawn tasks leave the queue"
+    assert revisits.mix(0, fresh) == (fresh, 0)
     revisits.observe(1, [*group("h1", b, ["success", "failure"]), *group("h2", c, ["success", "failure"])])
     revisits.observe(0, group("h3", d, ["success", "failure"]))
     assert revisits.mix(0, fresh) == ([d, *fresh[:3]], 1), "a stage draws its own tasks only"
-    for name in "vwxyz":
-        revisits.observe(1, group(name, {"task_id": name}, ["success", "failure"]))
-    assert [task["task_id"] for _, task in revisits.queue] == ["x", "y", "z"], "the oldest dropped beyond capacity"
+    for name, failed in zip("vwxyz", (1, 2, 3, 3, 1), strict=True):
+        revisits.observe(1, group(name, {"task_id": name}, ["failure"] * failed + ["success"] * (4 - failed)))
+    assert [(r.task["task_id"], r.failed) for r in revisits.queue] == [("w", 0.5), ("x", 0.75), ("y", 0.75)], (
+        "beyond capacity the least failed are dropped (the earliest among equals), the rest keep their order")
     restored = Revisits(share=0.5, capacity=3)
     restored.restore(json.loads(json.dumps(revisits.state())))
     assert restored.queue == revisits.queue

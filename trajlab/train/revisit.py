@@ -4,9 +4,10 @@ Why: RL's fresh draws spend each step on whatever train tasks come next, and onc
 solved already: a situation the policy still gets wrong sits in one or two groups a step, its gradient diluted by
 the rest. A task whose group had mixed outcomes (some rollouts succeeded, some failed) is one the policy can learn
 from now, since GRPO's signal exists there (DAPO's dynamic sampling and prioritized level replay select for the same
-thing). Drawing such tasks again, until their group stops being mixed, spends more of RL's steps where the failures
-are. On driving demonstrated with noise, RL on the situation it kept failing alone repaired 25 of its 30 held-out
-failures, where 100 steps of fresh draws had repaired none (BENCHMARKS.md, issue 45).
+thing). Drawing such tasks again, those whose groups failed most first, until their group stops being mixed, spends
+more of RL's steps where the failures are. (Oldest first instead, the queue held mostly tasks failed once in 8, and
+what driving drew hardly changed.) On driving demonstrated with noise, RL on the situation it kept failing alone
+repaired 25 of its 30 held-out failures, where 100 steps of fresh draws had repaired none (BENCHMARKS.md, issue 45).
 """
 
 from __future__ import annotations
@@ -14,58 +15,74 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trajlab.rollout.types import Trajectory
 
 
 class Revisits:
-    """The train tasks whose last group had mixed outcomes, oldest first; each step's draw takes some of them.
+    """The train tasks whose last group had mixed outcomes, by how much of it failed; each step's draw takes some.
 
     Args:
         share: the share of each step's tasks taken from the queue (while it has tasks of the step's stage).
-        capacity: the most tasks the queue keeps; beyond it the oldest are dropped.
+        capacity: the most tasks the queue keeps; beyond it those whose groups failed least are dropped (the
+            earliest queued among equals: their share is the oldest news).
     """
 
     def __init__(self, share: float, capacity: int) -> None:
         self.share, self.capacity = share, capacity
-        self.queue: list[tuple[int, dict[str, Any]]] = []  # (curriculum stage, task)
+        self.queue: list[Revisit] = []  # in the order queued
         self._lock = threading.Lock()  # asynchronous RL draws on the feed's thread while the trainer observes
 
     def mix(self, stage: int, fresh: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-        """A step's tasks: the oldest queued tasks of ``stage`` (they leave the queue), then as many of ``fresh`` as
-        are left to make up its length; and how many were revisits. The fresh tasks not used are skipped, so the
-        fresh stream stays where the step's number puts it (resume draws the same tasks)."""
+        """A step's tasks: the queued tasks of ``stage`` whose groups failed most (the earlier queued first among
+        equals; they leave the queue), then as many of ``fresh`` as are left to make up its length; and how many were
+        revisits. The fresh tasks not used are skipped, so the fresh stream stays where the step's number puts it
+        (resume draws the same tasks)."""
         wanted = round(self.share * len(fresh))
         with self._lock:
-            taken = {i for i, (queued_stage, _) in enumerate(self.queue) if queued_stage == stage}
-            taken = set(sorted(taken)[:wanted])
-            revisits = [task for i, (_, task) in enumerate(self.queue) if i in taken]
-            self.queue = [entry for i, entry in enumerate(self.queue) if i not in taken]
-        return revisits + fresh[: len(fresh) - len(revisits)], len(revisits)
+            mine = sorted((r for r in self.queue if r.stage == stage), key=lambda r: -r.failed)[:wanted]
+            self.queue = [r for r in self.queue if all(r is not taken for taken in mine)]
+        return [r.task for r in mine] + fresh[: len(fresh) - len(mine)], len(mine)
 
     def observe(self, stage: int, trajectories: Sequence[Trajectory]) -> None:
-        """Queue the tasks of the step's groups whose valid rollouts both succeeded and failed; a task already
-        queued stays where it is."""
-        outcomes: dict[str, tuple[dict[str, Any], set[bool]]] = {}
+        """Queue the tasks of the step's groups whose valid rollouts both succeeded and failed, with the share that
+        failed (a task queued already takes its new share and keeps its place)."""
+        outcomes: dict[str, tuple[dict[str, Any], list[bool]]] = {}
         for trajectory in trajectories:
             if trajectory.status != "error" and trajectory.group is not None:
-                outcomes.setdefault(trajectory.group, (trajectory.task, set()))[1].add(trajectory.status == "success")
+                outcomes.setdefault(trajectory.group, (trajectory.task, []))[1].append(trajectory.status == "success")
         with self._lock:
-            queued = {_key(queued_stage, task) for queued_stage, task in self.queue}
-            for task, seen in outcomes.values():
-                if len(seen) == 2 and _key(stage, task) not in queued:
-                    self.queue.append((stage, task))
-                    queued.add(_key(stage, task))
-            self.queue = self.queue[-self.capacity :]
+            queued = {_key(r.stage, r.task): r for r in self.queue}
+            for task, succeeded in outcomes.values():
+                if len(set(succeeded)) < 2:
+                    continue
+                failed = succeeded.count(False) / len(succeeded)
+                if _key(stage, task) in queued:
+                    queued[_key(stage, task)].failed = failed
+                else:
+                    queued[_key(stage, task)] = Revisit(stage, task, failed)
+                    self.queue.append(queued[_key(stage, task)])
+            kept = sorted(range(len(self.queue)), key=lambda i: (-self.queue[i].failed, -i))[: self.capacity]
+            self.queue = [self.queue[i] for i in sorted(kept)]
 
     def state(self) -> list[list[Any]]:
         """What a checkpoint keeps: the queue."""
-        return [[stage, task] for stage, task in self.queue]
+        return [[r.stage, r.task, r.failed] for r in self.queue]
 
     def restore(self, state: list[list[Any]]) -> None:
         """Continue from a checkpoint's :meth:`state`."""
-        self.queue = [(int(stage), dict(task)) for stage, task in state]
+        self.queue = [Revisit(int(stage), dict(task), float(failed)) for stage, task, failed in state]
+
+
+@dataclass
+class Revisit:
+    """A queued task: its curriculum stage, and the share of its last group's valid rollouts that failed."""
+
+    stage: int
+    task: dict[str, Any]
+    failed: float
 
 
 def _key(stage: int, task: dict[str, Any]) -> str:
