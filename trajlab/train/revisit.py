@@ -5,9 +5,11 @@ solved already: a situation the policy still gets wrong sits in one or two group
 the rest. A task whose group had mixed outcomes (some rollouts succeeded, some failed) is one the policy can learn
 from now, since GRPO's signal exists there (DAPO's dynamic sampling and prioritized level replay select for the same
 thing). Drawing such tasks again, those whose groups failed most first, until their group stops being mixed, spends
-more of RL's steps where the failures are. (Oldest first instead, the queue held mostly tasks failed once in 8, and
-what driving drew hardly changed.) On driving demonstrated with noise, RL on the situation it kept failing alone
-repaired 25 of its 30 held-out failures, where 100 steps of fresh draws had repaired none (BENCHMARKS.md, issue 45).
+more of RL's steps where the failures are. With a greedy rollout in each group (``rl.greedy_rollout``) only the
+groups whose greedy answer failed are queued: where the samples fail now and then but the greedy answer succeeds
+(most mixed groups once SFT is good), held-out greedy evaluation has nothing to gain, and such tasks otherwise fill
+the queue. On driving demonstrated with noise, RL on the situation it kept failing alone repaired 25 of its 30
+held-out failures, where 100 steps of fresh draws had repaired none (BENCHMARKS.md, issue 45).
 """
 
 from __future__ import annotations
@@ -47,16 +49,20 @@ class Revisits:
         return [r.task for r in mine] + fresh[: len(fresh) - len(mine)], len(mine)
 
     def observe(self, stage: int, trajectories: Sequence[Trajectory]) -> None:
-        """Queue the tasks of the step's groups whose valid rollouts both succeeded and failed, with the share that
-        failed (a task queued already takes its new share and keeps its place)."""
+        """Queue the tasks of the step's groups whose valid rollouts both succeeded and failed, and whose greedy
+        rollout (``rl.greedy_rollout``), if they have one, failed; with the share that failed (a task queued already
+        takes its new share and keeps its place)."""
         outcomes: dict[str, tuple[dict[str, Any], list[bool]]] = {}
+        greedy_succeeded: dict[str, bool] = {}
         for trajectory in trajectories:
             if trajectory.status != "error" and trajectory.group is not None:
                 outcomes.setdefault(trajectory.group, (trajectory.task, []))[1].append(trajectory.status == "success")
+                if trajectory.metrics.get("greedy"):
+                    greedy_succeeded[trajectory.group] = trajectory.status == "success"
         with self._lock:
             queued = {_key(r.stage, r.task): r for r in self.queue}
-            for task, succeeded in outcomes.values():
-                if len(set(succeeded)) < 2:
+            for group, (task, succeeded) in outcomes.items():
+                if len(set(succeeded)) < 2 or greedy_succeeded.get(group, False):
                     continue
                 failed = succeeded.count(False) / len(succeeded)
                 if _key(stage, task) in queued:

@@ -225,9 +225,10 @@ class _Loop:
         scores = self.score(trajectories)
         rewards = scores.totals
         token_advantages, group_stats = step_advantages(trajectories, rewards, settings, turn_rewards=scores.turns)
+        revisited = self.revisited.pop(step, 0)  # the step's first groups
         if self.revisits is not None:  # before the next step's draw, which the feed starts once this one trained
             self.revisits.observe(self.stage_of[step], trajectories)
-            group_stats["revisited_tasks"] = float(self.revisited.pop(step))
+            group_stats["revisited_tasks"] = float(revisited)
 
         # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
         started = time.perf_counter()
@@ -252,7 +253,9 @@ class _Loop:
                 samples.append(sample)
                 advantages.append(advantage)
                 owners.append(i)
-        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
+        # the fresh draws' failed share: revisited tasks, chosen for failing, would overstate how often the policy fails
+        fresh = [trajectories[i] for i in kept if int(trajectories[i].group.split(":")[2]) >= revisited]
+        rate_scale = failed_share(fresh) if settings.rate_by_failures else 1.0
         replayed: dict[str, float] = {}
         if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
             demonstrations, demonstration_advantages = self.replay.draw(step)
