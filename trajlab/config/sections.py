@@ -294,11 +294,6 @@ class RLSettings(TrainingSettings):
     succeed is pushed down and they are pulled up (ReMax's greedy baseline, trained on as a member of the group).
     Its success on the train tasks is logged as ``rollout/greedy_success_rate``; needs ``temperature`` 1, at which
     the greedy turns' recorded logprobs are the policy's."""
-    revisit_share: float = Field(0.0, ge=0, lt=1)
-    """The share of each step's tasks drawn again from the train tasks whose last group had mixed outcomes (some
-    rollouts succeeded, some failed; with ``greedy_rollout``, and the greedy one failed), those that failed most first,
-    until their group stops being so: RL's steps spent where the policy still fails but can learn
-    (``trajlab.train.revisit``); ``rate_by_failures`` counts the fresh tasks only. 0: every task fresh."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
     importance_sampling: Literal["auto", "on", "off"] = "auto"

@@ -48,7 +48,6 @@ from trajlab.train.curriculum import Curriculum, Promotion, heldout_success
 from trajlab.train.feed import RolloutFeed, StepRollouts
 from trajlab.train.publish import publish, synced_sampler
 from trajlab.train.replay import DemonstrationReplay, without_sampler_logprobs
-from trajlab.train.revisit import Revisits
 from trajlab.train.schedule import failed_share
 from trajlab.train.sharding import is_sharded
 from trajlab.train.step_metrics import namespaced, record_rollouts, staleness_metrics, step_metrics
@@ -139,11 +138,8 @@ class _Loop:
                        if settings.replay_demonstrations else None)
         self.correct = settings.importance_sampling == "on" or (settings.importance_sampling == "auto"
                                                                 and parts.off_policy)
-        self.revisits = (Revisits(settings.revisit_share, capacity=4 * settings.tasks_per_step)
-                         if settings.revisit_share else None)
         self.plans: dict[int, list[list[Episode]]] = {}
         self.stage_of: dict[int, int] = {}  # the curriculum stage each step's tasks came from
-        self.revisited: dict[int, int] = {}  # how many of each step's tasks were revisits
         self.feed: RolloutFeed | None = None
         self.log: Callable[[dict[str, float]], None] = lambda record: None
         self.store: TrajectoryStore | None = None
@@ -156,8 +152,6 @@ class _Loop:
             publish(self.parts.sampler, self.parts.behaviour, self.parts.model)
         if self.parts.curriculum.staged and "curriculum" in state:
             self.parts.curriculum.restore(state["curriculum"])
-        if self.revisits is not None and "revisits" in state:
-            self.revisits.restore(state["revisits"])
         return start
 
     @contextmanager
@@ -185,8 +179,6 @@ class _Loop:
     async def rollouts(self, step: int) -> list[Trajectory]:
         """This process's share of the step's tasks, ``group_size`` rollouts each (on the feed's thread)."""
         self.stage_of[step], step_tasks = self.parts.curriculum.draw(step, self.settings.tasks_per_step)
-        if self.revisits is not None:
-            step_tasks, self.revisited[step] = self.revisits.mix(self.stage_of[step], step_tasks)
         self.plans[step] = [group_episodes(step, i, task, self.settings.group_size,
                                            greedy=self.settings.greedy_rollout)
                             for i, task in enumerate(step_tasks)]
@@ -225,10 +217,6 @@ class _Loop:
         scores = self.score(trajectories)
         rewards = scores.totals
         token_advantages, group_stats = step_advantages(trajectories, rewards, settings, turn_rewards=scores.turns)
-        revisited = self.revisited.pop(step, 0)  # the step's first groups
-        if self.revisits is not None:  # before the next step's draw, which the feed starts once this one trained
-            self.revisits.observe(self.stage_of[step], trajectories)
-            group_stats["revisited_tasks"] = float(revisited)
 
         # --- the drift guard: train only on tokens that are the template's rendering of their messages ---
         started = time.perf_counter()
@@ -253,9 +241,7 @@ class _Loop:
                 samples.append(sample)
                 advantages.append(advantage)
                 owners.append(i)
-        # the fresh draws' failed share: revisited tasks, chosen for failing, would overstate how often the policy fails
-        fresh = [trajectories[i] for i in kept if int(trajectories[i].group.split(":")[2]) >= revisited]
-        rate_scale = failed_share(fresh) if settings.rate_by_failures else 1.0
+        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         replayed: dict[str, float] = {}
         if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
             demonstrations, demonstration_advantages = self.replay.draw(step)
@@ -313,9 +299,8 @@ class _Loop:
                         line["to"], line["rule"], line["value"])
             self.promotions.write(line)
         if (step + 1) % self.settings.save_steps == 0 or step + 1 == self.settings.steps:
-            extra = ({"curriculum": curriculum.state()} if curriculum.staged else {}) | (
-                {"revisits": self.revisits.state()} if self.revisits is not None else {})
-            save_checkpoint(self.parts.accelerator, self.out_dir, step + 1, extra, self._sharded())
+            save_checkpoint(self.parts.accelerator, self.out_dir, step + 1,
+                            {"curriculum": curriculum.state()} if curriculum.staged else {}, self._sharded())
 
     def _sharded(self) -> tuple[torch.nn.Module, torch.optim.Optimizer] | None:
         """A sharded policy with its optimizer (their slices are checkpointed by each process); else None."""

@@ -16,7 +16,7 @@ METRIC_NAMES = {
     **{name: f"rollout/{name}" for name in (
         "success_rate", "greedy_success_rate", "tool_error_rate", "parse_error_rate", "mean_turns", "episodes",
         "errors", "retries", "zero_variance_groups", "groups_short", "groups_skipped", "staleness_mean",
-        "dropped_stale", "workers_replaced", "revisited_tasks")},
+        "dropped_stale", "workers_replaced")},
     "drift/trajectories": "rollout/drifted",
     "loss": "loss/policy", "kl": "loss/kl", "entropy": "loss/entropy", "clip_fraction": "loss/clip_fraction",
     "grad_norm": "optim/grad_norm", "lr": "optim/lr", "trained_sequences": "optim/trained_sequences",
