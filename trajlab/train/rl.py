@@ -241,13 +241,13 @@ class _Loop:
                 samples.append(sample)
                 advantages.append(advantage)
                 owners.append(i)
-        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         replayed: dict[str, float] = {}
         if self.replay is not None:  # logged demonstrations beside the rollouts, "old" logprobs the model's own now
             demonstrations, demonstration_advantages = self.replay.draw(step)
             samples += without_sampler_logprobs(demonstrations)
             advantages += demonstration_advantages
             replayed = self.replay.metrics(demonstration_advantages)
+        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
             update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
                                                     shuffle_seed=self.seed * 1_000_003 + step, rate_scale=rate_scale)

@@ -66,10 +66,10 @@ class PolicyUpdate:
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:
-            return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
+            return _nothing_trained(), {}
         if rate_scale == 0:  # no weight would move: skip the passes and the optimizer, keep the schedule's count
             self._skip_optimizer_steps(self._optimizer_steps(len(usable)))
-            return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}, {}
+            return _nothing_trained(), {}
         lengths = rollout_lengths(trajectories, usable)
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
         # gradient without a KL term: skip its forward and backward (and its recomputed logprobs). Normalisers still
@@ -203,3 +203,8 @@ class PolicyUpdate:
         finally:
             model.train(training)
         return out
+
+
+def _nothing_trained() -> dict[str, float]:
+    """The statistics of an update that trained nothing."""
+    return dict.fromkeys((*LOSS_STATS, "grad_norm"), 0.0) | {"trained_sequences": 0}
