@@ -19,8 +19,7 @@ stages: [eval, collect, sft, eval, rl, eval]
 rollout: {{max_turns: 4, max_new_tokens: 32, concurrency: 16}}
 collect: {{episodes: 16}}
 sft: {{max_steps: 2, batch_size: 4, warmup_steps: 0}}
-rl: {{steps: 1, tasks_per_step: 2, group_size: 2, minibatch_size: 4, kl_coef: 0.01,
-     rewards: {{env: 1.0, progress: 1.0}}}}
+rl: {{steps: 1, tasks_per_step: 2, group_size: 2, kl_coef: 0.01}}
 eval: {{num_tasks: 4}}
 """
 
@@ -155,6 +154,10 @@ rl: {{steps: 1, tasks_per_step: 2, group_size: 2}}
     assert {t.task["task_id"] for t in demos} == set(in_order[:16])
     drawn = [t.task["task_id"] for t in read_trajectories(tmp_path / "run" / "rl" / "rollouts.jsonl")]
     assert list(dict.fromkeys(drawn)) == in_order[16:]
+    record = json.loads((tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["replay/demonstrations"] == sum(t.status != "error" for t in demos), \
+        "the default recipe replays the run's demos.jsonl (all of its 16: fewer than 64 a step)"
+    assert "rollout/greedy_success_rate" in record, "the default recipe rolls one member of each group out greedily"
 
 
 def test_an_evolve_stage_hands_its_prompt_to_the_stages_after_it(tmp_path):

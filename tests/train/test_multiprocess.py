@@ -58,7 +58,8 @@ def test_rl_two_processes_match_one(terse_model_dir, tmp_path):
               "--tasks-per-step", "3", "--group-size", "4", "--learning-rate", str(lr), "--device", "cpu",
               "--set", "rollout.max_turns=1", "--set", "rollout.max_new_tokens=48", "--set", "rollout.concurrency=8",
               "--set", "rl.warmup_steps=2", "--set", "rl.micro_batch_size=4", "--set", "rl.temperature=1.0",
-              "--set", "rl.rewards={env: 1.0}"]
+              "--set", "rl.rewards={env: 1.0}", "--set", "rl.rate_by_failures=false",
+              "--set", "rl.lr_scheduler=constant"]
     run([*ONE, *common, "--out", str(tmp_path / "one")], ROOT)
     run([*LAUNCH, *common, "--out", str(tmp_path / "two")], ROOT)
     steps = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

@@ -8,6 +8,7 @@ import torch
 
 import trajlab
 from trajlab.config import LoraSettings, RLSettings, RolloutSettings
+from trajlab.config.sections import REPLAY_PER_STEP
 from trajlab.data.store import read_trajectories
 from trajlab.env import load_env
 from trajlab.inference.hf import HFGenerator
@@ -16,7 +17,9 @@ from trajlab.train.schedule import failed_share, learning_rate_factor
 
 
 def tiny_settings(**overrides):
-    rl = dict(steps=2, tasks_per_step=2, group_size=2, minibatch_size=4, save_steps=1, learning_rate=1e-4)
+    # the rate these tests check held, whatever the rollouts' outcomes (the defaults warm up and follow failures)
+    rl = dict(steps=2, tasks_per_step=2, group_size=2, minibatch_size=4, save_steps=1, learning_rate=1e-4,
+              warmup_steps=0, rate_by_failures=False)
     return RLSettings(**(rl | overrides)), RolloutSettings(max_turns=2, max_new_tokens=8, concurrency=8)
 
 def test_short_run_logs_every_metric_and_resumes(tiny_model_dir, tmp_path):
@@ -170,13 +173,27 @@ def test_rate_by_failures_scales_each_steps_rate_by_its_failed_share(tiny_model_
     assert failed_share([]) == 1.0
 
 
-def test_greedy_rollout_decodes_one_member_of_each_group_greedily(tiny_model_dir, tmp_path):
+def test_the_defaults_that_follow_other_settings_and_one_given_stays():
+    """The default recipe replays demonstrations where a file of them is given (none to replay elsewhere) and rolls
+    one member of each group out greedily where it samples at temperature 1 (the ratio needs those logprobs)."""
+    assert RLSettings().resolved().replay_demonstrations == 0
+    assert RLSettings(demonstrations="demos.jsonl").resolved().replay_demonstrations == REPLAY_PER_STEP == 64
+    assert RLSettings(demonstrations="demos.jsonl", replay_demonstrations=0).resolved().replay_demonstrations == 0
+    assert RLSettings(replay_demonstrations=3).resolved().replay_demonstrations == 3  # refused later: no file
+    assert RLSettings().resolved().greedy_rollout is True
+    assert RLSettings(temperature=0.7).resolved().greedy_rollout is False
+    assert RLSettings(greedy_rollout=False).resolved().greedy_rollout is False
+
+
+def test_greedy_rollout_decodes_one_member_of_each_group_greedily(tiny_model_dir, tmp_path, caplog):
     """With ``greedy_rollout`` the first rollout of each group takes the untrained model's most likely token at every
     model position (teacher-forced again here), the others sample at temperature 1 (the untrained model's flat
     distribution then picks other tokens), and the step logs the greedy members' success."""
     settings, rollout = tiny_settings(steps=1, group_size=3, greedy_rollout=True)
-    trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=load_tokenizer(tiny_model_dir),
-               rollout=rollout, **settings.model_dump())
+    with caplog.at_level("INFO", logger="trajlab.recipes.rl"):
+        trajlab.rl(tiny_model_dir, load_env("arithmetic"), tmp_path, tokenizer=load_tokenizer(tiny_model_dir),
+                   rollout=rollout, **settings.model_dump())
+    assert "No rl.demonstrations, so none replayed" in caplog.text, "the default replay says why it is off"
     model, rollouts = load_model(tiny_model_dir).eval(), list(read_trajectories(tmp_path / "rollouts.jsonl"))
     assert sorted(t.id.rsplit(":", 1)[1] for t in rollouts if t.metrics.get("greedy")) == ["0", "0"]
 

@@ -116,7 +116,7 @@ def sft_command(
 
 
 @config_options("rl.steps", "rl.estimator", "rl.credit", "rl.group_size", "rl.tasks_per_step", "rl.learning_rate",
-                "rl.kl_coef", "rl.gradient_checkpointing", *TRAINING_OPTIONS, "model.backend")
+                "rl.kl_coef", "rl.gradient_checkpointing", "rl.demonstrations", *TRAINING_OPTIONS, "model.backend")
 def rl_command(
     out: Annotated[Path, typer.Option(help="Output directory: metrics.jsonl, checkpoint, final.")],
     model: ModelDir = None,

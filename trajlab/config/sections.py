@@ -244,8 +244,16 @@ class SFTSettings(TrainingSettings):
     """Optimizer steps between checkpoints."""
 
 
+REPLAY_PER_STEP = 64
+"""Logged demonstrations replayed a step by default, where a file of them is given (BENCHMARKS.md, issue 45)."""
+
+
 class RLSettings(TrainingSettings):
-    steps: int = Field(30, ge=1)
+    """The defaults are one recipe for every env (BENCHMARKS.md, "RL from generic imperfect demonstrations", recipe
+    Z): it repairs much of what SFT on noisy demonstrations leaves and moves a model SFT already made right little.
+    Its rates suit the tiny model; a real one wants about 1e-6 (configs/qwen3-1.7b-bfcl.yaml)."""
+
+    steps: int = Field(100, ge=1)
     """RL steps (rollouts + update each)."""
     tasks_per_step: int = Field(8, ge=1)
     """Train tasks rolled out per step."""
@@ -253,15 +261,15 @@ class RLSettings(TrainingSettings):
     """Rollouts per task; advantages compare rollouts of the same task."""
     estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     """Advantage estimator: grpo, dr_grpo (no std normalisation) or rloo (leave-one-out)."""
-    credit: Literal["trajectory", "turn"] = "trajectory"
+    credit: Literal["trajectory", "turn"] = "turn"
     """trajectory: one advantage for all tokens of a rollout; turn: per-turn rewards credited to that turn's tokens."""
-    rewards: RewardWeights = Field(default_factory=lambda: {"env": 1.0})
+    rewards: RewardWeights = Field(default_factory=lambda: {"env": 1.0, "progress": 1.0})
     """Named rewards, each logged as ``reward/<name>``: a weight for a built-in component (env, progress, format,
     tool_success), or a function by import path ``{function: "my_pkg.rewards:brevity", weight: 0.2, args: {...},
     level: trajectory|turn}`` (an LLM judge: ``trajlab.rewards.judge:LLMJudge``). Weight 0 logs without training
     on it; a function that fails marks its trajectory error (not trained on)."""
-    learning_rate: float = Field(1e-4, gt=0)
-    """Learning rate."""
+    learning_rate: float = Field(2e-3, gt=0)
+    """Learning rate (the base one under ``rate_by_failures``, which scales each step's down)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of the rollouts."""
     clip_eps: float = Field(0.2, gt=0)
@@ -278,22 +286,22 @@ class RLSettings(TrainingSettings):
     """At most this many padded tokens (rollouts x the longest one's length) per forward/backward pass, on top of
     ``micro_batch_size`` (None: rollouts alone decide). Activation memory follows tokens: long multi-turn rollouts
     need this to keep the update's peak bounded (a memory knob only; a longer rollout runs alone)."""
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(2, ge=0)
     """Optimizer steps of linear learning-rate warm-up; Adam's first steps otherwise move every weight by ~lr."""
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "cosine"
     """The rate after warm-up: held, or decayed to 0 over the run's optimizer steps (linear, cosine), so the final
     weights are not one noisy step of a full rate away from where training had got to."""
-    rate_by_failures: bool = False
+    rate_by_failures: bool = True
     """Each step's rate multiplied by the share of its trained rollouts that did not succeed: large steps while the
     policy still fails the train tasks it draws, small ones once it mostly succeeds, so a model SFT already made
     right is moved little and one SFT left wrong a lot (BENCHMARKS.md, issue 45). A step at rate 0 (every rollout
     succeeded) skips its update's passes, which would move nothing."""
-    greedy_rollout: bool = False
+    greedy_rollout: bool | None = None
     """One rollout of each group decodes greedily, the others sample at ``temperature``: the group then compares the
     policy's mode, which held-out evaluation measures, with its samples, so a greedy answer that fails where samples
     succeed is pushed down and they are pulled up (ReMax's greedy baseline, trained on as a member of the group).
     Its success on the train tasks is logged as ``rollout/greedy_success_rate``; needs ``temperature`` 1, at which
-    the greedy turns' recorded logprobs are the policy's."""
+    the greedy turns' recorded logprobs are the policy's. None: on at ``temperature`` 1, off at any other."""
     max_grad_norm: float = Field(1.0, gt=0)
     """Gradient-norm clipping."""
     importance_sampling: Literal["auto", "on", "off"] = "auto"
@@ -307,11 +315,13 @@ class RLSettings(TrainingSettings):
     """Asynchronous RL: rollouts of the next K steps run while the current step trains, from weights at most K steps
     old (each trajectory records its policy version; older ones are dropped); the update corrects for the lag with
     importance sampling (on under auto). 0: synchronous, every step sampled by the weights just trained."""
-    replay_demonstrations: int = Field(0, ge=0)
+    replay_demonstrations: int | None = Field(None, ge=0)
     """Logged demonstrations trained beside each step's rollouts (``trajlab.train.replay``), each weighted by its
     reward against the whole log's rewards (one group of all of them, ``estimator`` and ``credit`` as for rollouts): a
-    failed one is pushed down, a successful one pulled up. 0: none. They come from ``demonstrations``."""
-    replay_below_baseline: bool = True
+    failed one is pushed down, a successful one pulled up. 0: none. They come from ``demonstrations``. None:
+    ``REPLAY_PER_STEP`` where ``demonstrations`` is given (under ``trajlab run``, its ``demos.jsonl``), none
+    elsewhere."""
+    replay_below_baseline: bool = False
     """Replayed demonstrations whose advantage is negative (failed turns) are pushed down (True), or left out, so only
     the log's better-than-average turns are trained on (False: self-imitation learning)."""
     replay_weighting: Literal["advantage", "sign"] = "advantage"
@@ -331,6 +341,15 @@ class RLSettings(TrainingSettings):
                              "record the policy's logprobs at temperature 1, which the clipped ratio compares with; "
                              "set rl.temperature: 1.0 or rl.greedy_rollout: false.")
         return self
+
+    def resolved(self) -> RLSettings:
+        """These settings with the defaults that depend on others made concrete: ``greedy_rollout`` by the
+        temperature, ``replay_demonstrations`` by whether there are demonstrations to replay."""
+        replay = self.replay_demonstrations
+        if replay is None:
+            replay = REPLAY_PER_STEP if self.demonstrations is not None else 0
+        greedy = self.temperature == 1.0 if self.greedy_rollout is None else self.greedy_rollout
+        return self.model_copy(update={"replay_demonstrations": replay, "greedy_rollout": greedy})
 
 
 class EvalSettings(Section):

@@ -197,8 +197,9 @@ def _rl(config: PipelineConfig, env: Any, model: Path, run: Path, log: Log) -> P
     if demonstrated:
         log(f"rl: leaving out the {len(demonstrated)} train tasks of the demonstrations")
     settings = config.rl.model_dump()
-    if config.rl.replay_demonstrations and config.rl.demonstrations is None:
-        settings["demonstrations"] = str(run / "demos.jsonl")
+    replay, demonstrations = config.rl.replay_demonstrations, run / "demos.jsonl"
+    if config.rl.demonstrations is None and (replay or (replay is None and demonstrations.is_file())):
+        settings["demonstrations"] = str(demonstrations)  # the default replay needs them; a set one reads them
     return rl(model, env, run / "rl", rollout=config.rollout, seed=config.seed, resume=True, on_step=show,
                   backend=config.model.backend, vllm=config.model.vllm, report_to=config.report_to,
                   curriculum=config.curriculum, skip_tasks=demonstrated, **_placement(config), **settings)

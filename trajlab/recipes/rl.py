@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ from trajlab.chat.parsers import get_parser
 from trajlab.chat.template import resolve_chat
 from trajlab.collection.engines import resolve_prompts, rollout_engine
 from trajlab.config import CurriculumSettings, ModelSettings, RLSettings, RolloutSettings, VLLMSettings
+from trajlab.config.sections import REPLAY_PER_STEP
 from trajlab.data.store import read_trajectories
 from trajlab.env.mixture import EnvMixture
 from trajlab.errors import UserError, require
@@ -40,6 +42,7 @@ from trajlab.train.lora import lora_config
 from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
 from trajlab.train.publish import GatherOnly, WholeCopy
+from trajlab.train.replay import replayable
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
 from trajlab.train.sharding import shard
@@ -47,6 +50,8 @@ from trajlab.train.update import PolicyUpdate
 
 if TYPE_CHECKING:
     from trajlab.collection.workers import RayRolloutRunner
+
+logger = logging.getLogger(__name__)
 
 
 def rl(
@@ -93,9 +98,13 @@ def rl(
         Other arguments: as for :func:`trajlab.collect`.
     """
     require_trackers(report_to)  # before any model is loaded
-    chosen, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend, vllm)
+    given, placed = settings_of(RLSettings, settings), model_settings(device, dtype, backend, vllm)
     rollout, seed = settings_of(RolloutSettings, rollout), run_seed(seed)
     tokenizer, processor = tokenizer_of(model, tokenizer), processor_of(model, processor)
+    chosen = given.resolved()
+    demonstrations = _demonstrations(chosen, rollout, tokenizer, processor)
+    if given.replay_demonstrations is None:
+        chosen = _default_replay(chosen, demonstrations)
     run_env = as_env(env)
     stages = (build_stages(settings_of(CurriculumSettings, curriculum), run_env, rollout) if curriculum is not None
               else None)
@@ -106,7 +115,7 @@ def rl(
     accelerator = Accelerator(cpu=where.type == "cpu", step_scheduler_with_optimizer=False)
     set_seed(seed)
     parts = _components(model, chosen, rollout, placed, trained_on, accelerator, where, tokenizer, processor,
-                        sampler=sampler, seed=seed, out=Path(out))
+                        sampler=sampler, seed=seed, out=Path(out), demonstrations=demonstrations)
     run_config = {"rl": chosen.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"), "seed": seed,
                   "backend": placed.backend}
     return train_rl(parts, chosen, rollout, Path(out), seed=seed, resume=resume, on_step=on_step,
@@ -115,7 +124,8 @@ def rl(
 
 def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollout: RolloutSettings,
                 placed: ModelSettings, curriculum: Curriculum, accelerator: Accelerator, where: torch.device,
-                tokenizer: Any, processor: Any, *, sampler: Generator | None, seed: int, out: Path) -> RLComponents:
+                tokenizer: Any, processor: Any, *, sampler: Generator | None, seed: int, out: Path,
+                demonstrations: list[Any]) -> RLComponents:
     """The policy (LoRA, reference, optimizer, scheduler, prepared by accelerate), what samples it, and the runners
     of every curriculum stage."""
     sharded = settings.sharding == "fsdp"
@@ -167,8 +177,7 @@ def _components(model: str | Path | PreTrainedModel, settings: RLSettings, rollo
                         runners=runners, greedy_runner=greedy, sampler=sampler, behaviour=behaviour,
                         off_policy=not in_process or settings.max_staleness > 0, tokenizer=tokenizer,
                         chat_template=template, parser=get_parser(rollout.parser, tokenizer), processor=processor,
-                        rollouts_on_main=bool(rollout.workers),
-                        demonstrations=_demonstrations(settings, rollout, tokenizer, processor))
+                        rollouts_on_main=bool(rollout.workers), demonstrations=demonstrations)
 
 
 def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dtype: str, where: torch.device,
@@ -203,6 +212,22 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
             reference.to(accelerator.device)
     return PolicyUpdate(policy, reference, optimizer, scheduler, accelerator, settings, _token_budget(curriculum),
                         tokenizer.pad_token_id or 0, processor)
+
+
+def _default_replay(settings: RLSettings, demonstrations: list[Any]) -> RLSettings:
+    """``settings`` with the default replay off where it has nothing to compare (a given one is refused instead,
+    by :class:`~trajlab.train.replay.DemonstrationReplay`), saying why."""
+    if settings.demonstrations is None:
+        logger.info("No rl.demonstrations, so none replayed: the default recipe replays %d logged demonstrations a "
+                    "step from such a file (trajlab rl --demonstrations FILE; trajlab run gives its demos.jsonl).",
+                    REPLAY_PER_STEP)
+        return settings
+    if len(replayable(demonstrations)) < 2:
+        logger.warning("rl.demonstrations: %d of its %d demonstrations can be replayed (not errored, with model "
+                       "tokens, no drift), fewer than the 2 a replay compares: none replayed.",
+                       len(replayable(demonstrations)), len(demonstrations))
+        return settings.model_copy(update={"replay_demonstrations": 0})
+    return settings
 
 
 def _demonstrations(settings: RLSettings, rollout: RolloutSettings, tokenizer: Any, processor: Any) -> list[Any]:

@@ -35,8 +35,8 @@ class DemonstrationReplay:
     """The log's demonstrations with their token advantages; ``draw`` gives a step's share.
 
     Args:
-        demonstrations: the logged episodes (their token ids kept; drift-checked by the caller). Errored ones, whose
-            reward says nothing of their actions, are left out.
+        demonstrations: the logged episodes (their token ids kept; drift-checked by the caller); only the
+            :func:`replayable` ones are trained on.
         rewards: the run's rewards, applied to the demonstrations as to rollouts.
         settings: ``replay_demonstrations`` (how many a step), ``replay_weighting``, ``replay_below_baseline``,
             ``estimator`` and ``credit``.
@@ -48,11 +48,11 @@ class DemonstrationReplay:
 
     def __init__(self, demonstrations: Sequence[Trajectory], rewards: RewardSet, settings: RLSettings,
                  seed: int) -> None:
-        usable = [t.model_copy(update={"group": GROUP}) for t in demonstrations
-                  if t.status != "error" and t.tokens is not None and any(t.tokens.loss_mask)]
+        usable = [t.model_copy(update={"group": GROUP}) for t in replayable(demonstrations)]
         if len(usable) < 2:
             raise ValueError(f"rl.replay_demonstrations needs at least 2 demonstrations with model tokens to compare; "
-                             f"{len(usable)} of the {len(demonstrations)} given have them")
+                             f"{len(usable)} of the {len(demonstrations)} given have them (rl.replay_demonstrations: "
+                             f"0 trains without them)")
         scores = rewards.score(usable)
         self.advantages, _ = step_advantages(usable, scores.totals, settings, turn_rewards=scores.turns)
         if settings.replay_weighting == "sign":
@@ -73,6 +73,12 @@ class DemonstrationReplay:
         tokens = [a for row in advantages for a in row if a]
         return {"replay/demonstrations": float(len(advantages)), "replay/log_reward_mean":
                 sum(self.rewards) / len(self.rewards), "replay/advantage_mean": sum(tokens) / max(1, len(tokens))}
+
+
+def replayable(demonstrations: Sequence[Trajectory]) -> list[Trajectory]:
+    """The demonstrations a replay can train on: not errored (their reward says nothing of their actions), with
+    model tokens."""
+    return [t for t in demonstrations if t.status != "error" and t.tokens is not None and any(t.tokens.loss_mask)]
 
 
 def without_sampler_logprobs(demonstrations: list[Trajectory]) -> list[Trajectory]:
