@@ -42,7 +42,7 @@ from trajlab.train.lora import lora_config
 from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
 from trajlab.train.publish import GatherOnly, WholeCopy
-from trajlab.train.replay import replayable
+from trajlab.train.replay import MIN_REPLAYABLE, replayable
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
 from trajlab.train.sharding import shard
@@ -222,10 +222,11 @@ def _default_replay(settings: RLSettings, demonstrations: list[Any]) -> RLSettin
                     "step from such a file (trajlab rl --demonstrations FILE; trajlab run gives its demos.jsonl).",
                     REPLAY_PER_STEP)
         return settings
-    if len(replayable(demonstrations)) < 2:
+    usable = len(replayable(demonstrations))
+    if usable < MIN_REPLAYABLE:
         logger.warning("rl.demonstrations: %d of its %d demonstrations can be replayed (not errored, with model "
-                       "tokens, no drift), fewer than the 2 a replay compares: none replayed.",
-                       len(replayable(demonstrations)), len(demonstrations))
+                       "tokens, no drift), fewer than the %d a replay compares: none replayed.",
+                       usable, len(demonstrations), MIN_REPLAYABLE)
         return settings.model_copy(update={"replay_demonstrations": 0})
     return settings
 

@@ -29,6 +29,8 @@ from trajlab.train.loss import OWN_LOGPROB
 
 GROUP = "demonstrations"
 """The group every replayed demonstration is compared within: the whole log."""
+MIN_REPLAYABLE = 2
+"""A replay compares its demonstrations with each other: one alone has no baseline."""
 
 
 class DemonstrationReplay:
@@ -49,10 +51,10 @@ class DemonstrationReplay:
     def __init__(self, demonstrations: Sequence[Trajectory], rewards: RewardSet, settings: RLSettings,
                  seed: int) -> None:
         usable = [t.model_copy(update={"group": GROUP}) for t in replayable(demonstrations)]
-        if len(usable) < 2:
-            raise ValueError(f"rl.replay_demonstrations needs at least 2 demonstrations with model tokens to compare; "
-                             f"{len(usable)} of the {len(demonstrations)} given have them (rl.replay_demonstrations: "
-                             f"0 trains without them)")
+        if len(usable) < MIN_REPLAYABLE:
+            raise ValueError(f"rl.replay_demonstrations needs at least {MIN_REPLAYABLE} demonstrations with model "
+                             f"tokens to compare; {len(usable)} of the {len(demonstrations)} given have them "
+                             f"(rl.replay_demonstrations: 0 trains without them)")
         scores = rewards.score(usable)
         self.advantages, _ = step_advantages(usable, scores.totals, settings, turn_rewards=scores.turns)
         if settings.replay_weighting == "sign":
