@@ -52,3 +52,25 @@ def test_the_example_pays_a_step_once_so_rl_cannot_farm_it():
     env.order("tea", 6)
     env.report(9)
     assert env.turn_rewards == [1 / 3, 0.0, 0.0, 1 / 3, 1 / 3] and env.success
+
+
+def test_the_tickets_env_passes_check_env_and_its_reference_goes_on_after_a_mistake():
+    """``examples/tickets``, the env written to see the default RL recipe on an env it was not chosen on: its
+    reference policy still solves a task after a call that failed, as the noisy reference's demonstrations need."""
+    from examples.tickets.env import SPEC, Tickets, oracle
+
+    report = trajlab.check_env("examples.tickets.env:SPEC", tasks_per_split=4)
+    assert report.tools == ["buy", "confirm", "find_route"] and report.oracle_solved == report.tasks == 8
+    task = next(SPEC.tasks("test", 0))
+    env, messages = Tickets(), [{"role": "user", "content": "..."}]
+    env.reset(**task)
+    wrong = {"origin": task["origin"][::-1], "destination": task["destination"]}
+    for call in ({"name": "find_route", "arguments": wrong}, None, None, None):
+        call = call or oracle(task, messages)["tool_calls"][0]["function"]
+        try:
+            result = getattr(env, call["name"])(**call["arguments"])
+        except ValueError as error:
+            result = str(error)
+        messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
+    assert env.done and env.success and env.reward == 1.0
+    assert messages[2]["content"].startswith("no route is planned") and len(messages) == 9
