@@ -1,7 +1,9 @@
 """Running a collection's missing episodes: episodes that ended in error (the machinery failed) run again on the
 next run, their failed attempts kept beside the file."""
 
+import itertools
 import json
+import logging
 from dataclasses import replace
 
 import trajlab
@@ -63,3 +65,17 @@ def test_an_evaluation_runs_its_error_episodes_again_and_counts_them(tmp_path):
     second = trajlab.evaluate(env, "oracle", out=out, num_tasks=3, rollout={"retries": 0})
     assert second.errors_run_again == 3 and second.success_rate == 1.0
     assert json.loads((out / "eval.json").read_text())["errors_run_again"] == 3
+
+
+def test_an_evaluation_asked_for_more_tasks_than_there_are_runs_each_once(caplog):
+    """A short list is cycled in a collection; in an evaluation a task run twice would count twice in the success
+    rate, so each runs once, and the log says how many there were."""
+    given = list(itertools.islice(load_env("arithmetic").iter_tasks("test", 0), 3))
+    with caplog.at_level(logging.WARNING, logger="trajlab.recipes.evaluate"):
+        report = trajlab.evaluate("arithmetic", "oracle", tasks=given, num_tasks=5)
+    assert report.episodes == 3 and [t.n for t in report.tasks] == [1, 1, 1]
+    assert "eval.num_tasks is 5 but 3 tasks are given: each is evaluated once (3 tasks)" in caplog.text
+    split = len(list(load_env("guess").iter_tasks("test", 0)))
+    report = trajlab.evaluate("guess", "oracle", num_tasks=split + 7)
+    assert report.episodes == split and all(t.n == 1 for t in report.tasks) and report.success_rate == 1.0
+    assert f"eval.num_tasks is {split + 7} but {split} tasks are in guess's test split" in caplog.text

@@ -3,6 +3,8 @@ pass@k, mean reward and turns, error rates, per task); ``trajlab eval`` and ever
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from trajlab.recipes.arguments import EnvLike, Progress, as_env, model_settings,
 from trajlab.recipes.collect import roll_out
 from trajlab.rewards import RewardFunction, RewardSet
 from trajlab.tracking import Trackers, require_trackers
+
+logger = logging.getLogger(__name__)
 
 
 def evaluate(
@@ -59,7 +63,7 @@ def evaluate(
     if tasks is not None and "num_tasks" not in settings:
         count = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
         settings = {**settings, "num_tasks": max(count, 1)}
-    chosen = settings_of(EvalSettings, settings)
+    chosen = _each_task_once(as_env(env), tasks, settings_of(EvalSettings, settings))
     with output_path(out, "") as run_dir:
         trajectories, outcome = roll_out(
             as_env(env), policy, run_dir / "trajectories.jsonl", split=chosen.split, seed=chosen.seed,
@@ -78,3 +82,20 @@ def evaluate(
                                                                            "label": report.label}) as trackers:
                 trackers.log(eval_metrics(report), step=0)
     return report
+
+
+def _each_task_once(env: Any, tasks: TaskRows | None, chosen: EvalSettings) -> EvalSettings:
+    """``chosen`` with ``num_tasks`` cut to the tasks there are, saying so: a short list would otherwise be cycled
+    (as a collection does), and a task evaluated twice counts twice in the success rate (``samples_per_task`` is
+    how to roll each task out several times)."""
+    if tasks is not None:
+        available = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
+        where = "given"
+    else:
+        available = sum(1 for _ in itertools.islice(env.iter_tasks(chosen.split, chosen.seed), chosen.num_tasks))
+        where = f"in {env.name}'s {chosen.split} split"
+    if 0 < available < chosen.num_tasks:
+        logger.warning("eval.num_tasks is %d but %d tasks are %s: each is evaluated once (%d tasks).",
+                       chosen.num_tasks, available, where, available)
+        return chosen.model_copy(update={"num_tasks": available})
+    return chosen
