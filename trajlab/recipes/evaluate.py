@@ -60,13 +60,11 @@ def evaluate(
     require_trackers(report_to)
     if report_to and out is None:
         raise UserError("report_to needs out=: the tracker run is named after the evaluation's directory.")
-    if tasks is not None and "num_tasks" not in settings:
-        count = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
-        settings = {**settings, "num_tasks": max(count, 1)}
-    chosen = _each_task_once(as_env(env), tasks, settings_of(EvalSettings, settings))
+    spec = as_env(env)
+    chosen = _each_task_once(spec, tasks, settings)
     with output_path(out, "") as run_dir:
         trajectories, outcome = roll_out(
-            as_env(env), policy, run_dir / "trajectories.jsonl", split=chosen.split, seed=chosen.seed,
+            spec, policy, run_dir / "trajectories.jsonl", split=chosen.split, seed=chosen.seed,
             episodes=chosen.num_tasks * chosen.samples_per_task, samples_per_task=chosen.samples_per_task,
             tasks=tasks, temperature=chosen.temperature, tokenizer=tokenizer,
             rollout=settings_of(RolloutSettings, rollout), model=model_settings(device, dtype, backend, vllm),
@@ -84,14 +82,15 @@ def evaluate(
     return report
 
 
-def _each_task_once(env: Any, tasks: TaskRows | None, chosen: EvalSettings) -> EvalSettings:
-    """``chosen`` with ``num_tasks`` cut to the tasks there are, saying so: a short list would otherwise be cycled
-    (as a collection does), and a task evaluated twice counts twice in the success rate (``samples_per_task`` is
-    how to roll each task out several times)."""
+def _each_task_once(env: Any, tasks: TaskRows | None, settings: Mapping[str, Any]) -> EvalSettings:
+    """The evaluation's settings, ``num_tasks`` cut to the tasks there are (all the given ones by default), saying
+    so: a short list would otherwise be cycled (as a collection does), and a task evaluated twice counts twice in the
+    success rate (``samples_per_task`` is how to roll each task out several times)."""
     if tasks is not None:
         available = len(read_tasks_file(tasks)) if isinstance(tasks, str | Path) else len(tasks)
-        where = "given"
+        chosen, where = settings_of(EvalSettings, {"num_tasks": max(available, 1), **settings}), "given"
     else:
+        chosen = settings_of(EvalSettings, settings)
         available = sum(1 for _ in itertools.islice(env.iter_tasks(chosen.split, chosen.seed), chosen.num_tasks))
         where = f"in {env.name}'s {chosen.split} split"
     if 0 < available < chosen.num_tasks:
