@@ -3,7 +3,8 @@
 Why it is here: the default RL recipe (BENCHMARKS.md, issue 45) was chosen on ``arithmetic`` and
 ``examples/inventory``; this env was written afterwards, as a newcomer would write one, to see the recipe on an env
 it was not chosen on. Unlike inventory it has no per-call rewards (``turn_rewards``), so the default's ``progress``
-reward adds nothing and RL learns from the final reward alone, and its calls copy words as well as numbers.
+reward is the final reward again, on the last turn, and RL learns from the outcome alone; its calls copy words as
+well as numbers.
 
 ``find_route(origin, destination)`` prints the route's number and fares, ``buy(route, adults, children)`` buys the
 tickets and prints the total and a booking number, ``confirm(booking, total)`` ends the task. Success: the task's
@@ -15,6 +16,7 @@ Run it with ``PYTHONPATH=. trajlab run examples/tickets/config-noisy.yaml`` from
 from __future__ import annotations
 
 import hashlib
+import itertools
 import random
 import re
 from collections.abc import Iterator
@@ -94,17 +96,13 @@ class Tickets(Environment):
 def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
     """Every (origin, destination, adults 1-4, children 0-3), a fifth of them held out as ``test``, seeded order."""
     chosen = []
-    for origin in CITIES:
-        for destination in CITIES:
-            for adults in range(1, 5):
-                for children in range(4):
-                    if origin == destination:
-                        continue
-                    task_id = f"tickets-{origin}-{destination}-{adults}-{children}"
-                    held_out = hashlib.sha256(task_id.encode()).digest()[0] % 5 == 0  # by content: never both splits
-                    if held_out == (split == "test"):
-                        chosen.append({"task_id": task_id, "origin": origin, "destination": destination,
-                                       "adults": adults, "children": children})
+    for (origin, destination), adults, children in itertools.product(itertools.permutations(CITIES, 2), range(1, 5),
+                                                                     range(4)):
+        task_id = f"tickets-{origin}-{destination}-{adults}-{children}"
+        held_out = hashlib.sha256(task_id.encode()).digest()[0] % 5 == 0  # by content: never both splits
+        if held_out == (split == "test"):
+            chosen.append({"task_id": task_id, "origin": origin, "destination": destination, "adults": adults,
+                           "children": children})
     random.Random(seed).shuffle(chosen)
     yield from chosen
 
