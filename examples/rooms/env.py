@@ -1,0 +1,135 @@
+"""A third env of one's own, written from docs/own-env.md after the default RL recipe was chosen: book a meeting room.
+
+Why it is here: the default RL recipe (BENCHMARKS.md, issue 45) was chosen on ``arithmetic`` and
+``examples/inventory``, and ``examples/tickets`` checked it on an env it was not chosen on. This one checks it on
+another shape: what the calls copy are mostly words and codes, not numbers (a room's name, a time, a booking code
+read from tool results, a meeting's title from the task), and the last call carries four of them. Like tickets it
+has no per-call rewards, so RL learns from the outcome alone.
+
+``find_room(day, people)`` prints the room that is free that day for that many people and when,
+``book(room, day, time)`` books it and prints a booking code, ``invite(title, room, time, code)`` sends the
+invitation and ends the task. Success: the right room booked once, and the invitation's four fields right.
+
+Run it with ``PYTHONPATH=. trajlab run examples/rooms/config-noisy.yaml`` from the repository root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+import re
+import string
+from collections.abc import Iterator
+from typing import Any
+
+from trajlab import Environment, EnvSpec
+from trajlab.env import tool_call_message
+from trajlab.env.limits import EpisodeLimits
+
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday")
+TITLES = ("budget review", "team lunch", "design sync", "sales call", "hiring panel", "code review", "board prep",
+          "sprint demo", "vendor pitch", "safety drill", "press brief", "audit kickoff", "launch plan",
+          "client visit", "staff survey", "yearly review")
+ROOMS = ("Cedar", "Maple", "Birch", "Aspen", "Rowan", "Hazel", "Alder", "Larch")
+TIMES = ("09:00", "09:30", "10:00", "11:30", "13:00", "14:00", "15:30", "16:00")
+
+
+def _pick(choices: tuple[str, ...], *parts: object) -> str:
+    """One of ``choices`` fixed by ``parts``: the same request always gets the same room and time."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return choices[int.from_bytes(digest[:4], "big") % len(choices)]
+
+
+def _code(*parts: object) -> str:
+    """A four-character booking code (capitals and digits) fixed by ``parts``."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    alphabet = string.ascii_uppercase + string.digits
+    return "".join(alphabet[byte % len(alphabet)] for byte in digest[:4])
+
+
+class Rooms(Environment):
+    """Book a meeting room for a meeting: find a free room, book it, send the invitation."""
+
+    def reset(self, **task: Any) -> str:
+        super().reset()  # reward 0, not done, no metrics
+        self.title, self.day, self.people = task["title"], task["day"], int(task["people"])
+        self.room = _pick(ROOMS, "room", self.day, self.people)
+        self.time = _pick(TIMES, "time", self.day, self.people, self.title)
+        self.code = _code("code", *task.values())
+        self.booked: list[tuple[str, str, str]] = []
+        return (f"Book a meeting room for the {self.title} on {self.day} for {self.people} people, then send the "
+                f"invitation with the room, the time and the booking code.")
+
+    def find_room(self, day: str, people: int) -> str:
+        """Find the meeting room that is free on a day for a number of people, and when.
+
+        Args:
+            day: the day of the meeting, e.g. "Monday"
+            people: how many people the room must hold
+        """
+        if (day, people) != (self.day, self.people):
+            raise ValueError(f"no meeting is planned on {day!r} for {people} people")
+        return f"Room {self.room} is free on {day} at {self.time} for up to {self.people + 2} people."
+
+    def book(self, room: str, day: str, time: str) -> str:
+        """Book a meeting room.
+
+        Args:
+            room: the room's name
+            day: the day, e.g. "Monday"
+            time: the start time, e.g. "09:30"
+        """
+        if (room, day, time) != (self.room, self.day, self.time):
+            raise ValueError(f"room {room!r} is not free on {day!r} at {time!r}")
+        self.booked.append((room, day, time))
+        return f"Booked {room} on {day} at {time}: booking code {self.code}."
+
+    def invite(self, title: str, room: str, time: str, code: str) -> str:
+        """Send the meeting's invitation; ends the task.
+
+        Args:
+            title: the meeting's title
+            room: the booked room's name
+            time: the start time
+            code: the booking code
+        """
+        self.done = True
+        self.success = (self.booked == [(self.room, self.day, self.time)]
+                        and (title, room, time, code) == (self.title, self.room, self.time, self.code))
+        self.reward = 1.0 if self.success else 0.0
+        return "Invitation sent." if self.success else "That invitation does not match the booking."
+
+
+def tasks(split: str, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """Every (title, day, people 2-21), a fifth of them held out as ``test``, in a seeded order."""
+    chosen = []
+    for title, day, people in itertools.product(TITLES, DAYS, range(2, 22)):
+        task_id = f"rooms-{title.replace(' ', '-')}-{day}-{people}"
+        held_out = hashlib.sha256(task_id.encode()).digest()[0] % 5 == 0  # by content: never both splits
+        if held_out == (split == "test"):
+            chosen.append({"task_id": task_id, "title": title, "day": day, "people": people})
+    random.Random(seed).shuffle(chosen)
+    yield from chosen
+
+
+def oracle(task: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Reference policy: find the room, book it as found, invite with what the booking printed."""
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    found = next((match for result in results if (match := re.search(r"Room (\w+) is free on \w+ at ([\d:]+)",
+                                                                       result))), None)
+    if found is None:
+        return tool_call_message("find_room", {"day": task["day"], "people": task["people"]})
+    room, time = found.groups()
+    booked = re.search(r"booking code (\w+)\.", results[-1])
+    if booked is None:
+        return tool_call_message("book", {"room": room, "day": task["day"], "time": time})
+    return tool_call_message("invite", {"title": task["title"], "room": room, "time": time, "code": booked.group(1)})
+
+
+SYSTEM_PROMPT = "You book meeting rooms with the find_room, book and invite tools. Call one tool at a time."
+
+# Three calls solve a task; one more turn leaves room for a mistake. The reference's episodes: up to about 530 tokens
+# (650 when it errs); its invitation call about 65.
+SPEC = EnvSpec(name="rooms", env_cls=Rooms, tasks=tasks, oracle=oracle, system_prompt=SYSTEM_PROMPT,
+               limits=EpisodeLimits(max_turns=4, max_episode_tokens=768, max_new_tokens=80))
