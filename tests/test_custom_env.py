@@ -74,3 +74,30 @@ def test_the_tickets_env_passes_check_env_and_its_reference_goes_on_after_a_mist
         messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
     assert env.done and env.success and env.reward == 1.0
     assert messages[2]["content"].startswith("no route is planned") and len(messages) == 9
+
+
+def test_the_rooms_env_passes_check_env_and_fails_an_invitation_with_one_field_wrong():
+    """``examples/rooms``, the second env written after the default RL recipe was chosen: its reference solves a task
+    after a failed call, and an invitation that gets any one of its four copied fields wrong fails the task."""
+    from examples.rooms.env import SPEC, Rooms, oracle
+
+    report = trajlab.check_env("examples.rooms.env:SPEC", tasks_per_split=4)
+    assert report.tools == ["book", "find_room", "invite"]
+    assert report.oracle_solved == report.tasks == 8
+    task = next(SPEC.tasks("test", 0))
+    env, messages = Rooms(), [{"role": "user", "content": "..."}]
+    env.reset(**task)
+    wrong = {"day": task["day"], "people": task["people"] + 1}
+    for call in ({"name": "find_room", "arguments": wrong}, None, None, None):
+        call = call or oracle(task, messages)["tool_calls"][0]["function"]
+        try:
+            result = getattr(env, call["name"])(**call["arguments"])
+        except ValueError as error:
+            result = str(error)
+        messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
+    assert env.done and env.success and env.reward == 1.0 and messages[2]["content"].startswith("no meeting")
+    invitation = call["arguments"]
+    for field, value in invitation.items():
+        env.done = False
+        env.invite(**invitation | {field: value + "0"})
+        assert not env.success and env.reward == 0.0, field
