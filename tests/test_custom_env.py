@@ -76,14 +76,13 @@ def test_the_tickets_env_passes_check_env_and_its_reference_goes_on_after_a_mist
     assert messages[2]["content"].startswith("no route is planned") and len(messages) == 9
 
 
-def test_the_rooms_env_passes_check_env_and_fails_an_invitation_with_one_field_wrong():
+def test_the_rooms_env_passes_check_env_and_fails_a_task_with_one_copied_field_wrong():
     """``examples/rooms``, the second env written after the default RL recipe was chosen: its reference solves a task
-    after a failed call, and an invitation that gets any one of its four copied fields wrong fails the task."""
+    after a failed call, and a booking for another title or an invitation with any one field wrong fails the task."""
     from examples.rooms.env import SPEC, Rooms, oracle
 
     report = trajlab.check_env("examples.rooms.env:SPEC", tasks_per_split=4)
-    assert report.tools == ["book", "find_room", "invite"]
-    assert report.oracle_solved == report.tasks == 8
+    assert report.tools == ["book", "find_room", "invite"] and report.oracle_solved == report.tasks == 8
     task = next(SPEC.tasks("test", 0))
     env, messages = Rooms(), [{"role": "user", "content": "..."}]
     env.reset(**task)
@@ -98,6 +97,8 @@ def test_the_rooms_env_passes_check_env_and_fails_an_invitation_with_one_field_w
     assert env.done and env.success and env.reward == 1.0 and messages[2]["content"].startswith("no meeting")
     invitation = call["arguments"]
     for field, value in invitation.items():
-        env.done = False
-        env.invite(**invitation | {field: value + "0"})
+        env.invite(**invitation | {field: value + 1 if isinstance(value, int) else value + "0"})
         assert not env.success and env.reward == 0.0, field
+    env.booked[0] = (*env.booked[0][:3], "another meeting")
+    env.invite(**invitation)
+    assert not env.success
