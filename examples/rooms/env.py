@@ -2,8 +2,9 @@
 
 Why it is here: the default RL recipe (BENCHMARKS.md, issue 45) was chosen on ``arithmetic`` and
 ``examples/inventory``, and ``examples/tickets`` checked it on an env it was not chosen on. This one checks it on
-another shape: what the calls copy are mostly words, not numbers (a room's name and a time read from a tool result,
-a meeting's title from the task). Like tickets it has no per-call rewards, so RL learns from the outcome alone.
+another shape: what the calls copy are mostly words (a room's name and a time read from a tool result, a meeting's
+title from the task), then one number, the booking's. Like tickets it has no per-call rewards, so RL learns from the
+outcome alone.
 
 ``find_room(day, people)`` prints the room that is free that day for that many people and when,
 ``book(room, day, time, title)`` books it for the meeting and prints a booking number, ``invite(room, time,
