@@ -3,7 +3,7 @@
     python benchmarks/env_learning.py               # the six configs below, seeds 0 1 2: about 5 h on 2 cores
     python benchmarks/env_learning.py --configs examples/inventory/config.yaml --seeds 0 1 2   # an env of your own
     python benchmarks/env_learning.py --noisy --runs-dir runs/noisy   # issue 45's three envs with noisy demonstrations
-    python benchmarks/env_learning.py --configs examples/tickets/config-noisy.yaml examples/rooms/config-noisy.yaml \
+    python benchmarks/env_learning.py --configs examples/tickets/config-noisy.yaml examples/rooms/config-noisy.yaml \\
         --runs-dir runs/after   # the envs written after the default RL recipe was chosen, with noisy demonstrations
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
