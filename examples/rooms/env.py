@@ -40,16 +40,11 @@ ROOMS = ("Cedar", "Maple", "Birch", "Aspen", "Rowan", "Hazel", "Alder", "Larch")
 TIMES = ("09:00", "09:30", "10:00", "11:30", "13:00", "14:00", "15:30", "16:00")
 
 
-def _pick(choices: tuple[str, ...], *parts: object) -> str:
-    """One of ``choices`` fixed by ``parts``: the same request always gets the same room and time."""
+def _number(*parts: object, low: int, high: int) -> int:
+    """A number from ``low`` to ``high`` fixed by ``parts``: the same request always gets the same room, time and
+    booking number."""
     digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return choices[int.from_bytes(digest[:4], "big") % len(choices)]
-
-
-def _booking(*parts: object) -> int:
-    """A four-digit booking number fixed by ``parts``."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return 1000 + int.from_bytes(digest[:4], "big") % 9000
+    return low + int.from_bytes(digest[:4], "big") % (high - low + 1)
 
 
 class Rooms(Environment):
@@ -58,9 +53,9 @@ class Rooms(Environment):
     def reset(self, **task: Any) -> str:
         super().reset()  # reward 0, not done, no metrics
         self.title, self.day, self.people = task["title"], task["day"], int(task["people"])
-        self.room = _pick(ROOMS, "room", self.day, self.people)
-        self.time = _pick(TIMES, "time", self.day, self.people, self.title)
-        self.booking = _booking("booking", *task.values())
+        self.room = ROOMS[_number("room", self.day, self.people, low=0, high=len(ROOMS) - 1)]
+        self.time = TIMES[_number("time", self.day, self.people, self.title, low=0, high=len(TIMES) - 1)]
+        self.booking = _number("booking", *task.values(), low=1000, high=9999)
         self.booked: list[tuple[str, str, str, str]] = []
         return (f"Book a meeting room for the {self.title} on {self.day} for {self.people} people, then send the "
                 f"invitation with the room, the time and the booking number.")
