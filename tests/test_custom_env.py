@@ -54,6 +54,21 @@ def test_the_example_pays_a_step_once_so_rl_cannot_farm_it():
     assert env.turn_rewards == [1 / 3, 0.0, 0.0, 1 / 3, 1 / 3] and env.success
 
 
+def _reference_after_a_mistake(env, task, oracle, mistake):
+    """Play ``mistake`` (a call that fails), then up to three of the reference's calls, as a noisy demonstration goes
+    on after its error: the conversation and the last call."""
+    env.reset(**task)
+    messages = [{"role": "user", "content": "..."}]
+    for call in (mistake, None, None, None):
+        call = call or oracle(task, messages)["tool_calls"][0]["function"]
+        try:
+            result = getattr(env, call["name"])(**call["arguments"])
+        except ValueError as error:
+            result = str(error)
+        messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
+    return messages, call
+
+
 def test_the_tickets_env_passes_check_env_and_its_reference_goes_on_after_a_mistake():
     """``examples/tickets``, the env written to see the default RL recipe on an env it was not chosen on: its
     reference policy still solves a task after a call that failed, as the noisy reference's demonstrations need."""
@@ -62,16 +77,9 @@ def test_the_tickets_env_passes_check_env_and_its_reference_goes_on_after_a_mist
     report = trajlab.check_env("examples.tickets.env:SPEC", tasks_per_split=4)
     assert report.tools == ["buy", "confirm", "find_route"] and report.oracle_solved == report.tasks == 8
     task = next(SPEC.tasks("test", 0))
-    env, messages = Tickets(), [{"role": "user", "content": "..."}]
-    env.reset(**task)
+    env = Tickets()
     wrong = {"origin": task["origin"][::-1], "destination": task["destination"]}
-    for call in ({"name": "find_route", "arguments": wrong}, None, None, None):
-        call = call or oracle(task, messages)["tool_calls"][0]["function"]
-        try:
-            result = getattr(env, call["name"])(**call["arguments"])
-        except ValueError as error:
-            result = str(error)
-        messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
+    messages, _ = _reference_after_a_mistake(env, task, oracle, {"name": "find_route", "arguments": wrong})
     assert env.done and env.success and env.reward == 1.0
     assert messages[2]["content"].startswith("no route is planned") and len(messages) == 9
 
@@ -84,16 +92,9 @@ def test_the_rooms_env_passes_check_env_and_fails_a_task_with_one_copied_field_w
     report = trajlab.check_env("examples.rooms.env:SPEC", tasks_per_split=4)
     assert report.tools == ["book", "find_room", "invite"] and report.oracle_solved == report.tasks == 8
     task = next(SPEC.tasks("test", 0))
-    env, messages = Rooms(), [{"role": "user", "content": "..."}]
-    env.reset(**task)
+    env = Rooms()
     wrong = {"day": task["day"], "people": task["people"] + 1}
-    for call in ({"name": "find_room", "arguments": wrong}, None, None, None):
-        call = call or oracle(task, messages)["tool_calls"][0]["function"]
-        try:
-            result = getattr(env, call["name"])(**call["arguments"])
-        except ValueError as error:
-            result = str(error)
-        messages += [{"role": "assistant", "tool_calls": [{"function": call}]}, {"role": "tool", "content": result}]
+    messages, call = _reference_after_a_mistake(env, task, oracle, {"name": "find_room", "arguments": wrong})
     assert env.done and env.success and env.reward == 1.0 and messages[2]["content"].startswith("no meeting")
     invitation = call["arguments"]
     for field, value in invitation.items():
