@@ -57,3 +57,17 @@ class SlowLengthReward(LengthReward):
 
 
 SLOW = EnvSpec(name="slow_length", env_cls=SlowLengthReward, tasks=tasks, system_prompt="Answer briefly.")
+
+
+class SucceedingLengthReward(LengthReward):
+    """LengthReward whose every episode succeeds while its reward still varies (test only): an env whose success does
+    not mean that nothing is left to learn."""
+
+    def reset(self, **task: Any) -> str:
+        prompt = super().reset(**task)
+        self.success = True
+        return prompt
+
+
+SUCCEEDING = EnvSpec(name="succeeding_length", env_cls=SucceedingLengthReward, tasks=tasks,
+                     system_prompt="Answer briefly.")

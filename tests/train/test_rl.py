@@ -15,6 +15,8 @@ from trajlab.inference.hf import HFGenerator
 from trajlab.models.loading import load_model, load_tokenizer
 from trajlab.train.schedule import failed_share, learning_rate_factor
 
+from ..rollout.length_env import SUCCEEDING
+
 
 def tiny_settings(**overrides):
     # the rate these tests check held, whatever the rollouts' outcomes (the defaults warm up and follow failures)
@@ -172,6 +174,26 @@ def test_rate_by_failures_scales_each_steps_rate_by_its_failed_share(tiny_model_
         assert record["optim/lr"] == pytest.approx(1e-4 * learning_rate_factor(done, settings) * share)
     assert failed_share([]) == 1.0
 
+
+
+@pytest.mark.parametrize("rate_by_failures", [True, False])
+def test_a_step_whose_rollouts_all_succeed_while_rewards_differ_warns_that_rate_by_failures_drops_it(
+        terse_model_dir, tmp_path, caplog, rate_by_failures):
+    """Every answer succeeds and rewards still differ within the groups: under ``rate_by_failures`` the step trains at
+    rate 0 and the run says once what is thrown away and how to keep it; without it the step trains."""
+    settings, _ = tiny_settings(steps=2, group_size=4, rate_by_failures=rate_by_failures)
+    rollout = RolloutSettings(max_turns=1, max_new_tokens=48, concurrency=8)  # the terse model's answers end
+    with caplog.at_level("WARNING", logger="trajlab.train.rl"):
+        trajlab.rl(terse_model_dir, SUCCEEDING, tmp_path, tokenizer=load_tokenizer(terse_model_dir), rollout=rollout,
+                   **settings.model_dump())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rollout/success_rate"] == 1.0 and r["rollout/zero_variance_groups"] < 1 for r in records), records
+    warnings = [r.getMessage() for r in caplog.records if "rl.rate_by_failures" in r.getMessage()]
+    if rate_by_failures:
+        assert [r["optim/lr"] for r in records] == [0.0, 0.0]
+        assert len(warnings) == 1 and "Set rl.rate_by_failures: false" in warnings[0], "once a run"
+    else:
+        assert all(r["optim/lr"] > 0 for r in records) and not warnings
 
 def test_the_defaults_that_follow_other_settings_and_one_given_stays():
     """The default recipe replays demonstrations where a file of them is given (none to replay elsewhere) and rolls

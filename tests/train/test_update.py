@@ -121,6 +121,22 @@ def test_a_step_at_rate_zero_skips_its_passes_and_keeps_the_schedule(tiny_model_
     assert not torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), start)
 
 
+def test_a_step_with_no_usable_rollout_keeps_the_schedule_as_a_step_at_rate_zero_does(tiny_model_dir,
+                                                                                     tiny_tokenizer):
+    """A step whose rollouts have no token to train (every one dropped: errors, drift) makes no optimizer step, and
+    the schedule still passes the steps the run planned for it (2 epochs x 2 minibatches of the 2 x 2 rollouts), so
+    the next step's rate is the one the plan gives it and a decaying rate still reaches 0 at the last step."""
+    settings = RLSettings(tasks_per_step=2, group_size=2, minibatch_size=2, epochs_per_step=2)
+    model = load_model(tiny_model_dir).train()
+    trajectories = [trajectory_with_model_logprobs(model, tiny_tokenizer, [0, 0, 0]) for _ in range(4)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1.0 / (1 + done))
+    update = PolicyUpdate(model, None, optimizer, scheduler, Accelerator(cpu=True), settings, 16,
+                          tiny_tokenizer.pad_token_id)
+    stats, logprobs = update(trajectories, [[0.0] * 3] * 4, correct=False, shuffle_seed=0)
+    assert stats["trained_sequences"] == 0 and logprobs == {} and not optimizer.state
+    assert scheduler.last_epoch == 4 and optimizer.param_groups[0]["lr"] == pytest.approx(0.1 / 5)
+
 @pytest.mark.parametrize(("settings", "correct"), [
     (RLSettings(max_grad_norm=1e6), False),
     (RLSettings(max_grad_norm=1e6, minibatch_size=2, epochs_per_step=2), False),

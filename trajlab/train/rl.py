@@ -144,6 +144,7 @@ class _Loop:
         self.log: Callable[[dict[str, float]], None] = lambda record: None
         self.store: TrajectoryStore | None = None
         self.promotions: MetricsLog | None = None
+        self.warned_rate_zero = False
 
     def resume(self) -> int:
         """Load the checkpoint (weights, optimizer, curriculum); the steps it holds."""
@@ -247,7 +248,7 @@ class _Loop:
             samples += without_sampler_logprobs(demonstrations)
             advantages += demonstration_advantages
             replayed = self.replay.metrics(demonstration_advantages)
-        rate_scale = failed_share([trajectories[i] for i in kept]) if settings.rate_by_failures else 1.0
+        rate_scale = self._rate_scale(step, [trajectories[i] for i in kept], [token_advantages[i] for i in kept])
         with synced_sampler(parts.sampler, parts.model) if not settings.max_staleness else nullcontext():
             update, trainer_logprobs = parts.update(samples, advantages, correct=self.correct,
                                                     shuffle_seed=self.seed * 1_000_003 + step, rate_scale=rate_scale)
@@ -272,6 +273,21 @@ class _Loop:
                    "processes": parts.accelerator.num_processes, "rollout_wait_s": waited_s, "overlap_s": overlap_s}
         self.log(namespaced(record | replaced | (stage_metrics if parts.curriculum.staged else {})))
         self._after(step, promotion)
+
+    def _rate_scale(self, step: int, trained: list[Trajectory], advantages: list[list[float]]) -> float:
+        """The step's rate multiplier: its failed share under ``rl.rate_by_failures``, else 1. Warns once when that
+        is 0 while the rollouts' advantages are not: every rollout succeeded, yet their rewards differ within a
+        group, so the env's success (or a reward function scoring what it does not) leaves something to learn that
+        this setting throws away."""
+        if not self.settings.rate_by_failures:
+            return 1.0
+        scale = failed_share(trained)
+        if scale == 0 and not self.warned_rate_zero and any(map(any, advantages)):
+            self.warned_rate_zero = True
+            logger.warning("rl step %d: every rollout succeeded, so rl.rate_by_failures trains it at rate 0, yet "
+                           "rewards differ within its groups: success does not mean nothing is left to learn here. "
+                           "Set rl.rate_by_failures: false to train on those differences.", step + 1)
+        return scale
 
     def score(self, trajectories: list[Trajectory]) -> Scores:
         """The step's rewards. With several processes (each holding every trajectory) the main one calls the

@@ -65,7 +65,8 @@ class PolicyUpdate:
         multiplies the scheduled rate of this step's optimizer steps.
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
-        if not usable:
+        if not usable:  # the step's planned optimizer steps pass at rate 0: the schedule stays on the run's plan
+            self._skip_optimizer_steps(self._optimizer_steps(self.settings.tasks_per_step * self.settings.group_size))
             return _nothing_trained(), {}
         if rate_scale == 0:  # no weight would move: skip the passes and the optimizer, keep the schedule's count
             self._skip_optimizer_steps(self._optimizer_steps(len(usable)))
