@@ -175,7 +175,6 @@ def test_rate_by_failures_scales_each_steps_rate_by_its_failed_share(tiny_model_
     assert failed_share([]) == 1.0
 
 
-
 @pytest.mark.parametrize("rate_by_failures", [True, False])
 def test_a_step_whose_rollouts_all_succeed_while_rewards_differ_warns_that_rate_by_failures_drops_it(
         terse_model_dir, tmp_path, caplog, rate_by_failures):
@@ -194,6 +193,7 @@ def test_a_step_whose_rollouts_all_succeed_while_rewards_differ_warns_that_rate_
         assert len(warnings) == 1 and "Set rl.rate_by_failures: false" in warnings[0], "once a run"
     else:
         assert all(r["optim/lr"] > 0 for r in records) and not warnings
+
 
 def test_the_defaults_that_follow_other_settings_and_one_given_stays():
     """The default recipe replays demonstrations where a file of them is given (none to replay elsewhere) and rolls

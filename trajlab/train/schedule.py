@@ -20,12 +20,17 @@ def learning_rate_factor(done: int, settings: RLSettings) -> float:
     warmup = min(1.0, (done + 1) / (settings.warmup_steps + 1))
     if settings.lr_scheduler == "constant":
         return warmup
-    batch = settings.tasks_per_step * settings.group_size
-    per_step = settings.epochs_per_step * math.ceil(batch / (settings.minibatch_size or batch))
-    decaying = max(1, settings.steps * per_step - settings.warmup_steps)
+    decaying = max(1, settings.steps * optimizer_steps(settings) - settings.warmup_steps)
     progress = min(1.0, max(0, done - settings.warmup_steps) / decaying)
     decay = 1 - progress if settings.lr_scheduler == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
     return warmup * decay
+
+
+def optimizer_steps(settings: RLSettings, rollouts: int | None = None) -> int:
+    """The optimizer steps one RL step's update of ``rollouts`` makes, one per minibatch of each epoch (None: the
+    step's planned ``tasks_per_step`` x ``group_size``, which the schedule's length counts)."""
+    rollouts = settings.tasks_per_step * settings.group_size if rollouts is None else rollouts
+    return settings.epochs_per_step * math.ceil(rollouts / (settings.minibatch_size or rollouts))
 
 
 def rl_scheduler(optimizer: torch.optim.Optimizer, settings: RLSettings) -> torch.optim.lr_scheduler.LambdaLR:

@@ -23,6 +23,7 @@ from trajlab.train.batches import by_rollout, micro_batches, packed_batch, padde
 from trajlab.train.logprobs import batch_logprobs, unwrap
 from trajlab.train.loss import loss_normaliser, policy_loss
 from trajlab.train.mismatch import MismatchSums
+from trajlab.train.schedule import optimizer_steps
 from trajlab.train.sharding import grad_norm as sharded_grad_norm
 from trajlab.train.sharding import is_sharded
 
@@ -66,10 +67,10 @@ class PolicyUpdate:
         """
         usable = [i for i, t in enumerate(trajectories) if t.tokens is not None and any(t.tokens.loss_mask)]
         if not usable:  # the step's planned optimizer steps pass at rate 0: the schedule stays on the run's plan
-            self._skip_optimizer_steps(self._optimizer_steps(self.settings.tasks_per_step * self.settings.group_size))
+            self._skip_optimizer_steps(optimizer_steps(self.settings))
             return _nothing_trained(), {}
         if rate_scale == 0:  # no weight would move: skip the passes and the optimizer, keep the schedule's count
-            self._skip_optimizer_steps(self._optimizer_steps(len(usable)))
+            self._skip_optimizer_steps(optimizer_steps(self.settings, len(usable)))
             return _nothing_trained(), {}
         lengths = rollout_lengths(trajectories, usable)
         # A rollout whose advantage is zero on every token (e.g. a group that all succeeded) adds nothing to the
@@ -79,7 +80,7 @@ class PolicyUpdate:
         mismatch = MismatchSums()
         trained = sorted((i for i in usable if i not in silent), key=lengths.__getitem__)
         trainer_logprobs = self.trainer_logprobs(trajectories, trained, lengths, mismatch) if correct else {}
-        if not correct and self._optimizer_steps(len(usable)) > 1:  # later steps need the first's "old" logprobs
+        if not correct and optimizer_steps(self.settings, len(usable)) > 1:  # later steps need the "old" logprobs
             self._own_logprobs_first(trajectories, trained, lengths)
         totals, passes, steps, grad_norm = dict.fromkeys(LOSS_STATS, 0.0), 0, 0, 0.0
         for minibatch in self._minibatches(usable, lengths, shuffle_seed):
@@ -106,10 +107,6 @@ class PolicyUpdate:
         averages = {key: value / max(1, passes) for key, value in totals.items()}
         return (averages | {"loss": totals["loss"] / max(1, steps), "grad_norm": grad_norm / max(1, steps),
                             "trained_sequences": len(usable) - len(silent)} | mismatch.means()), trainer_logprobs
-
-    def _optimizer_steps(self, count: int) -> int:
-        """How many optimizer steps the update of ``count`` rollouts makes: one per minibatch of each epoch."""
-        return self.settings.epochs_per_step * math.ceil(count / (self.settings.minibatch_size or count))
 
     def _own_logprobs_first(self, trajectories: list[Trajectory], trained: list[int], lengths: dict[int, int]) -> None:
         """Give the trained rollouts that no sampler made (:data:`~trajlab.train.loss.OWN_LOGPROB`, replayed
