@@ -160,6 +160,29 @@ rl: {{steps: 1, tasks_per_step: 2, group_size: 2}}
     assert "rollout/greedy_success_rate" in record, "the default recipe rolls one member of each group out greedily"
 
 
+def test_a_run_on_an_env_that_shows_images_builds_the_tiny_vision_model(tmp_path):
+    """``model.path: null`` builds the tiny model; a text model cannot take odd_one_out's images, so the run builds the
+    vision-language one, and every stage sees the pixels."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"""run_dir: {tmp_path / 'run'}
+env: odd_one_out
+stages: [collect, sft, rl, eval]
+rollout: {{max_turns: 3, max_new_tokens: 48, concurrency: 8}}
+collect: {{episodes: 8}}
+sft: {{max_steps: 1, batch_size: 4, warmup_steps: 0}}
+rl: {{steps: 1, tasks_per_step: 2, group_size: 2, replay_demonstrations: 0}}
+eval: {{num_tasks: 2}}
+""")
+    result = CliRunner().invoke(app, ["run", str(config)], catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout
+    assert "built the tiny vision-language model" in result.stdout
+    model = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert "vision_config" in model
+    demos = list(read_trajectories(tmp_path / "run" / "demos.jsonl"))
+    assert all(t.images for t in demos if t.status == "success"), "every solved demonstration looked at the grid"
+    assert json.loads((tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 1
+
+
 def test_an_evolve_stage_hands_its_prompt_to_the_stages_after_it(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(f"""run_dir: {tmp_path / "run"}

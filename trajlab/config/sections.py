@@ -66,7 +66,8 @@ class VLLMSettings(Section):
 class ModelSettings(Section):
     path: str | None = None
     """A Hugging Face causal-LM directory, or a model name (Qwen/Qwen3-1.7B): its snapshot in the Hugging Face cache,
-    downloaded first when it is not there and the network allows. None builds the tiny offline model."""
+    downloaded first when it is not there and the network allows. None builds the tiny offline model (the tiny
+    vision-language one when the env's tools return images)."""
     init_seed: int = 0
     """Weight seed of the tiny model when ``path`` is None."""
     device: Annotated[str, AfterValidator(_device_name)] = AUTO

@@ -119,13 +119,20 @@ def _require_extras(config: PipelineConfig) -> None:
 
 def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
     """The config's starting model: ``model.path`` (a directory, or a Hugging Face name: its snapshot in the cache),
-    or the tiny model, built in the run directory on first use."""
+    or the tiny model, built in the run directory on first use: the tiny vision-language one when the env's tools
+    return images, which a text model cannot take."""
     if config.model.path:
         return resolve_model_dir(config.model.path)
     base = Path(config.run_dir) / "model"
     if not (base / "config.json").exists():
-        init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
-        log(f"built the tiny model in {base}")
+        if config.env_spec().shows_images:
+            from trajlab.models.tiny_vision import init_tiny_vision_model
+
+            init_tiny_vision_model(base, seed=config.model.init_seed, overwrite=True)
+            log(f"built the tiny vision-language model in {base}")
+        else:
+            init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
+            log(f"built the tiny model in {base}")
     return base
 
 
