@@ -5,7 +5,7 @@
     python benchmarks/env_learning.py --noisy --runs-dir runs/noisy   # issue 45's three envs with noisy demonstrations
     python benchmarks/env_learning.py --configs examples/tickets/config-noisy.yaml examples/rooms/config-noisy.yaml \\
         --runs-dir runs/after   # the envs written after the default RL recipe was chosen, with noisy demonstrations
-    python benchmarks/env_learning.py --configs configs/wordle-noisy.yaml configs/odd_one_out-noisy.yaml --seeds 0 \
+    python benchmarks/env_learning.py --configs configs/wordle-noisy.yaml configs/odd_one_out-noisy.yaml --seeds 0 \\
         --runs-dir runs/third   # the last built-in envs tried as issue 45's third (their gaps are not the noise's)
     python benchmarks/env_learning.py --seeds 0 --set collect.episodes=16 --set sft.max_steps=2 --set rl.steps=1 \\
         --set rl.tasks_per_step=2 --set rl.group_size=2 --set eval.num_tasks=4   # a smoke run of the whole script
