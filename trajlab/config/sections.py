@@ -227,8 +227,9 @@ class SFTSettings(TrainingSettings):
     """Epochs over the data."""
     max_steps: int = -1
     """Stop after this many optimizer steps (-1: run all epochs)."""
-    learning_rate: float = Field(3e-3, gt=0)
-    """Peak learning rate."""
+    learning_rate: float | None = Field(None, gt=0)
+    """Peak learning rate (None: by the model's size, :mod:`trajlab.train.rates`: 3e-3 for the tiny models, 1e-5
+    for a real one, 1e-4 with LoRA)."""
     batch_size: int = Field(8, ge=1)
     """Sequences per device step."""
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -252,7 +253,8 @@ REPLAY_PER_STEP = 64
 class RLSettings(TrainingSettings):
     """The defaults are one recipe for every env (BENCHMARKS.md, "RL from generic imperfect demonstrations", recipe
     Z): it repairs much of what SFT on noisy demonstrations leaves and moves a model SFT already made right little.
-    Its rates suit the tiny model; a real one wants about 1e-6 (configs/qwen3-1.7b-bfcl.yaml)."""
+    Its rate, unset, is chosen by the model's size (:mod:`trajlab.train.rates`): Z's 2e-3 on the tiny models, 1e-6 on
+    a real one."""
 
     steps: int = Field(100, ge=1)
     """RL steps (rollouts + update each)."""
@@ -269,8 +271,9 @@ class RLSettings(TrainingSettings):
     tool_success), or a function by import path ``{function: "my_pkg.rewards:brevity", weight: 0.2, args: {...},
     level: trajectory|turn}`` (an LLM judge: ``trajlab.rewards.judge:LLMJudge``). Weight 0 logs without training
     on it; a function that fails marks its trajectory error (not trained on)."""
-    learning_rate: float = Field(2e-3, gt=0)
-    """Learning rate (the base one under ``rate_by_failures``, which scales each step's down)."""
+    learning_rate: float | None = Field(None, gt=0)
+    """Learning rate, the base one under ``rate_by_failures``, which scales each step's down (None: by the model's
+    size, :mod:`trajlab.train.rates`: 2e-3 for the tiny models, 1e-6 for a real one, 1e-5 with LoRA)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature of the rollouts."""
     clip_eps: float = Field(0.2, gt=0)

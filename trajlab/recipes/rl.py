@@ -42,6 +42,7 @@ from trajlab.train.lora import lora_config
 from trajlab.train.optim import adamw
 from trajlab.train.placement import training_device
 from trajlab.train.publish import GatherOnly, WholeCopy
+from trajlab.train.rates import with_learning_rate
 from trajlab.train.replay import MIN_REPLAYABLE, replayable
 from trajlab.train.rl import RLComponents, train_rl
 from trajlab.train.schedule import rl_scheduler
@@ -116,6 +117,7 @@ def rl(
     set_seed(seed)
     parts = _components(model, chosen, rollout, placed, trained_on, accelerator, where, tokenizer, processor,
                         sampler=sampler, seed=seed, out=Path(out), demonstrations=demonstrations)
+    chosen = parts.update.settings  # the learning rate made concrete for the model
     run_config = {"rl": chosen.model_dump(mode="json"), "rollout": rollout.model_dump(mode="json"), "seed": seed,
                   "backend": placed.backend}
     return train_rl(parts, chosen, rollout, Path(out), seed=seed, resume=resume, on_step=on_step,
@@ -187,6 +189,7 @@ def _policy_update(model: str | Path | PreTrainedModel, settings: RLSettings, dt
     adapter)."""
     sharded = settings.sharding == "fsdp"
     policy = trainable_model(model, device=where, dtype=dtype)
+    settings = with_learning_rate(settings, policy, "rl")
     compute = None
     if sharded and policy.dtype == torch.bfloat16 and settings.master_weights:  # FSDP keeps float32 masters itself
         policy, compute = policy.float(), torch.bfloat16

@@ -38,6 +38,7 @@ from trajlab.train.checkpoints import MetricsLog, save_final
 from trajlab.train.logprobs import head_statistics, output_head
 from trajlab.train.lora import lora_config
 from trajlab.train.optim import MasterWeightAdamW, needs_master_weights
+from trajlab.train.rates import with_learning_rate
 
 logger = logging.getLogger(__name__)
 # transformers 5.23 renamed TrainingArguments' gradient_checkpointing to activation_checkpointing (the old name is a
@@ -228,6 +229,7 @@ def train_sft(
                          "(trajlab.models.loading.load_processor).")
     if images and settings.padding_free:
         raise ValueError("The SFT dataset has images, which train in padded batches: set sft.padding_free: false.")
+    settings = with_learning_rate(settings, model, "sft")
     model.train()
     arguments = _trainer_arguments(out_dir, settings, seed=seed, device=device, images=images,
                                    conversational="input_ids" not in dataset.column_names, bar=on_progress is None)
