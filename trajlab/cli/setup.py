@@ -132,13 +132,9 @@ def _init_model(out_dir: Path, *, seed: int, overwrite: bool, vision: bool, arch
         depth = arch_config(arch, layers).num_hidden_layers  # an unknown name fails here, before anything is written
         return (init_arch_model(arch, out_dir, layers=layers, seed=seed, overwrite=overwrite),
                 f"{arch} twin, {depth} layers, random weights")
-    if vision:
-        from trajlab.models.tiny_vision import init_tiny_vision_model
+    from trajlab.models.tiny import init_tiny
 
-        return init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite), "tiny vision-language model"
-    from trajlab.models.tiny import init_tiny_model
-
-    return init_tiny_model(out_dir, seed=seed, overwrite=overwrite), "tiny model"
+    return init_tiny(out_dir, seed=seed, vision=vision, overwrite=overwrite)
 
 
 def _parameters(path: Path) -> int:

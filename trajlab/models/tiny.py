@@ -130,6 +130,16 @@ def init_tiny_model(out_dir: str | Path, *, seed: int, overwrite: bool = False) 
     return save_tiny_model(model, tokenizer, tokenizer, out)
 
 
+def init_tiny(out_dir: str | Path, *, seed: int, vision: bool, overwrite: bool = False) -> tuple[Path, str]:
+    """The tiny text model, or with ``vision`` the tiny vision-language one, written to ``out_dir``; returns the
+    directory and what it holds in words (for the caller's log line)."""
+    if vision:
+        from trajlab.models.tiny_vision import init_tiny_vision_model  # imports this module: not at the top
+
+        return init_tiny_vision_model(out_dir, seed=seed, overwrite=overwrite), "tiny vision-language model"
+    return init_tiny_model(out_dir, seed=seed, overwrite=overwrite), "tiny model"
+
+
 def save_tiny_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, files: Any, out: Path) -> Path:
     """Write a tiny model to ``out`` with ``files`` (its tokenizer, or a processor holding it), generating until
     ``tokenizer``'s end of turn, padding with its pad token, no beginning-of-sequence token."""

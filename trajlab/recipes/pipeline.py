@@ -26,7 +26,7 @@ from trajlab.errors import require
 from trajlab.evaluation import EvalReport
 from trajlab.models.hub import resolve_model_dir
 from trajlab.models.loading import load_processor, load_tokenizer
-from trajlab.models.tiny import init_tiny_model
+from trajlab.models.tiny import init_tiny
 from trajlab.recipes.arguments import Progress
 from trajlab.recipes.collect import collect
 from trajlab.recipes.evaluate import evaluate
@@ -125,14 +125,8 @@ def resolve_model(config: PipelineConfig, log: Log = print) -> Path:
         return resolve_model_dir(config.model.path)
     base = Path(config.run_dir) / "model"
     if not (base / "config.json").exists():
-        if config.env_spec().shows_images:
-            from trajlab.models.tiny_vision import init_tiny_vision_model
-
-            init_tiny_vision_model(base, seed=config.model.init_seed, overwrite=True)
-            log(f"built the tiny vision-language model in {base}")
-        else:
-            init_tiny_model(base, seed=config.model.init_seed, overwrite=True)
-            log(f"built the tiny model in {base}")
+        _, kind = init_tiny(base, seed=config.model.init_seed, vision=config.env_spec().shows_images, overwrite=True)
+        log(f"built the {kind} in {base}")
     return base
 
 
