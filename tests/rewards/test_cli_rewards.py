@@ -23,9 +23,13 @@ def test_eval_reports_the_configured_reward_functions(tiny_model_dir, tmp_path, 
                      "--set", "eval.num_tasks=2", "--set", "rollout.max_new_tokens=8", "--set", "rollout.max_turns=1",
                      "--set", f"eval.rewards={rewards}")
     assert result.returncode == 0, result.stderr
-    components = json.loads((tmp_path / "e" / "eval.json").read_text())["reward_components"]
+    report = json.loads((tmp_path / "e" / "eval.json").read_text())
+    components = report["reward_components"]
     assert components["judge"] == 0.75 and 0 < components["brevity"] <= 1 and "env" in components
     assert len(scripted_judge.requests) == 2
+    # what grading cost, summed over the episodes: the scripted judge answers each request with 100 + 7 tokens
+    assert report["judge_usage"] == {"cache_hits": 0, "calls": 2, "completion_tokens": 14, "prompt_tokens": 200}
+    assert "judge usage" in result.stdout
 
 
 def test_a_reward_function_that_does_not_import_is_one_line_and_exit_1(tiny_model_dir, tmp_path):

@@ -22,6 +22,7 @@ SUMMARY_METRICS = (
 )
 #: Prefix of per-component reward metrics written into ``Trajectory.metrics`` by reward functions.
 REWARD_PREFIX = "reward/"
+JUDGE_PREFIX = "judge/"  # an LLM judge's usage on a trajectory's metrics (trajlab.rewards.judge)
 STATUSES = ("success", "failure", "truncated", "error")
 
 
@@ -92,6 +93,9 @@ class EvalReport(BaseModel):
     tokens_per_s: float | None = None
     errors_run_again: int = 0
     """Episodes that had ended in ``error`` on an earlier run of this evaluation and were run again by this one."""
+    judge_usage: dict[str, float] = {}
+    """An LLM judge's usage summed over the episodes (``calls``, ``prompt_tokens``, ``completion_tokens``,
+    ``cache_hits``: their ``judge/...`` metrics); empty where no judge scored them."""
     tasks: list[TaskRow]
 
 
@@ -148,6 +152,7 @@ def evaluate_trajectories(
         per_env=per_env,
         reward_components=_reward_components(episodes),
         tokens_per_s=tokens_per_s,
+        judge_usage=_judge_usage(episodes),
         tasks=tasks,
     )
 
@@ -167,6 +172,16 @@ def _rates(episodes: list[Trajectory]) -> dict[str, float]:
         "tool_error_rate": total("tool_errors") / tool_calls if tool_calls else 0.0,
         "parse_error_rate": total("parse_errors") / turns if turns else 0.0,
     }
+
+
+def _judge_usage(episodes: list[Trajectory]) -> dict[str, float]:
+    """The ``judge/...`` metrics the judges left on the episodes, summed, under their names without the prefix."""
+    usage: defaultdict[str, float] = defaultdict(float)
+    for t in episodes:
+        for key, value in t.metrics.items():
+            if key.startswith(JUDGE_PREFIX):
+                usage[key.removeprefix(JUDGE_PREFIX)] += value
+    return dict(sorted(usage.items()))
 
 
 def _reward_components(episodes: list[Trajectory]) -> dict[str, float]:

@@ -51,6 +51,8 @@ def summary_table(report: EvalReport) -> Table:
         if value is not None:
             table.add_row(name, _fmt(name, value))
     table.add_row("statuses", ", ".join(f"{s} {c}" for s, c in report.statuses.items() if c) or "-")
+    if report.judge_usage:  # what grading cost, in the judge's own units
+        table.add_row("judge usage", ", ".join(f"{key} {value:g}" for key, value in report.judge_usage.items()))
     if report.errors_run_again:
         table.add_row("errors run again", f"{report.errors_run_again} (ended in error on an earlier run)")
     if len(report.per_env) > 1:
